@@ -1,0 +1,182 @@
+"""``accept``: ask, check in order, re-ask with the reasons, fall back or stop.
+
+A rejection (``Rejected``, or a pydantic ``ValidationError``) is recorded and,
+while attempts remain, answered with a new attempt. Anything else a producer, a
+check, a score or the fallback raises is a failure and propagates at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from acceptance._telemetry import GateTelemetry
+from acceptance._types import Attempt, NotAccepted, Outcome, Rejected, Verdict
+
+T = TypeVar("T")
+
+Producer = Callable[[tuple[Attempt[T], ...]], "T | Awaitable[T]"]
+Check = Callable[[T], "None | Awaitable[None]"]
+Score = Callable[[T], "float | Awaitable[float]"]
+Fallback = Callable[[], "T | Awaitable[T]"]
+
+_perf = time.perf_counter
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a sync or async function and return its result."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """Return the name a check or score is recorded under."""
+    name = getattr(fn, "__name__", None) or getattr(fn, "name", None)
+    return str(name) if name else type(fn).__name__
+
+
+def validation_reason(exc: ValidationError) -> str:
+    """Describe a ``ValidationError`` by field and message, without the input values."""
+    parts = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        location = ".".join(str(p) for p in error.get("loc", ())) or "value"
+        parts.append(f"{location}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid value"
+
+
+async def accept(
+    producer: Producer[T],
+    *,
+    checks: Sequence[Check[T]] = (),
+    attempts: int = 1,
+    fallback: Fallback[T] | None = None,
+    name: str,
+    scores: Sequence[Score[T]] = (),
+) -> Outcome[T]:
+    """Ask ``producer`` for a value until one passes every check, within ``attempts``.
+
+    Args:
+        producer: Called with every earlier attempt (``()`` first); sync or async.
+            It rejects its own output by raising ``Rejected(reason, check=stage)``
+            or a pydantic ``ValidationError`` (recorded as ``"schema"``).
+        checks: Run in order, cheapest first; the first rejection ends the
+            attempt. Each takes the value and raises ``Rejected`` or a
+            ``ValidationError`` to reject. Sync or async.
+        attempts: The only budget (at least 1). 1 means no re-ask.
+        fallback: Called with no arguments when no attempt passes. Its value is
+            not checked: it must be valid by construction.
+        name: Names the gate in telemetry and errors.
+        scores: Soft signals run on a value that passed every check; recorded
+            on the attempt under the function's name, never gating.
+
+    Returns:
+        The ``Outcome``: the value, ``"accepted"`` or ``"fallback"``, every attempt.
+
+    Raises:
+        NotAccepted: Every attempt was rejected and there is no fallback.
+        ValueError: ``attempts`` is below 1.
+        Exception: Whatever a producer, check, score or fallback raised as a failure.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    named_checks = [(_name_of(check), check) for check in checks]
+    named_scores = [(_name_of(score), score) for score in scores]
+    telemetry = GateTelemetry(name, attempts)
+    history: list[Attempt[T]] = []
+    with telemetry.gate_span() as gate:
+        for number in range(1, attempts + 1):
+            attempt = await _attempt(
+                producer, named_checks, named_scores, number, tuple(history), telemetry
+            )
+            history.append(attempt)
+            if attempt.rejected_by is None:
+                gate.finish("accepted", number)
+                return Outcome.model_construct(
+                    value=attempt.value, disposition="accepted", attempts=tuple(history)
+                )
+        if fallback is None:
+            gate.finish("not_accepted", attempts, error_type="NotAccepted")
+            raise NotAccepted(name, tuple(history))
+        value = await _call(fallback)
+        gate.finish("fallback", attempts)
+        return Outcome.model_construct(
+            value=value, disposition="fallback", attempts=tuple(history)
+        )
+
+
+async def _attempt(
+    producer: Producer[T],
+    checks: list[tuple[str, Check[T]]],
+    scores: list[tuple[str, Score[T]]],
+    number: int,
+    previous: tuple[Attempt[T], ...],
+    telemetry: GateTelemetry,
+) -> Attempt[T]:
+    """Run one attempt under its own span and return its record."""
+    with telemetry.attempt_span(number) as span:
+        started = _perf()
+        verdicts: list[Verdict] = []
+
+        def rejected(value: T | None, stage: str, reason: str, since: float) -> Attempt[T]:
+            now = _perf()
+            verdicts.append(
+                Verdict.model_construct(check=stage, passed=False, reason=reason, duration=now - since)
+            )
+            span.evaluation(stage, passed=False, reason=reason, value=value)
+            span.capture_value(value)
+            return Attempt.model_construct(
+                number=number,
+                value=value,
+                rejected_by=stage,
+                reason=reason,
+                scores={},
+                verdicts=tuple(verdicts),
+                duration=now - started,
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+            )
+
+        try:
+            value: T = await _call(producer, previous)
+        except Rejected as exc:
+            return rejected(None, exc.check or "producer", exc.reason, started)
+        except ValidationError as exc:
+            return rejected(None, "schema", validation_reason(exc), started)
+
+        for check_name, check in checks:
+            since = _perf()
+            try:
+                await _call(check, value)
+            except Rejected as exc:
+                return rejected(value, exc.check or check_name, exc.reason, since)
+            except ValidationError as exc:
+                return rejected(value, check_name, validation_reason(exc), since)
+            verdicts.append(
+                Verdict.model_construct(
+                    check=check_name, passed=True, reason=None, duration=_perf() - since
+                )
+            )
+            span.evaluation(check_name, passed=True, reason=None, value=value)
+
+        recorded: dict[str, float] = {}
+        for score_name, score in scores:
+            recorded[score_name] = float(await _call(score, value))
+            span.score(score_name, recorded[score_name], value)
+
+        return Attempt.model_construct(
+            number=number,
+            value=value,
+            rejected_by=None,
+            reason=None,
+            scores=recorded,
+            verdicts=tuple(verdicts),
+            duration=_perf() - started,
+            trace_id=span.trace_id,
+            span_id=span.span_id,
+        )

@@ -1,0 +1,96 @@
+"""The gate's records and its two exceptions.
+
+``Rejected`` is how a producer or a check says "not acceptable"; it is not a
+failure. ``NotAccepted`` is raised when the attempts run out and there is no
+fallback. ``Attempt`` and ``Outcome`` are immutable and serialise to JSON, since
+they are stored as provenance.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+
+T = TypeVar("T")
+
+Disposition = Literal["accepted", "fallback"]
+
+
+class Rejected(Exception):  # noqa: N818  # the contract's name: a rejection, not an error
+    """Raised by a producer or a check: the value is not acceptable.
+
+    Args:
+        reason: What is wrong, phrased so the producer can act on it. It is
+            recorded and may be shown to the agent, so keep secrets out of it.
+        check: The stage that rejected (``"schema"``, ``"refusal"``,
+            ``"truncation"``, ...). Checks may leave it out: their name is used.
+    """
+
+    def __init__(self, reason: str, *, check: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.check = check
+
+
+class Verdict(BaseModel):
+    """What one check (or the producer's own stage) said about one value."""
+
+    model_config = ConfigDict(frozen=True)
+
+    check: str = Field(description="The check's name, or the stage the producer named.")
+    passed: bool
+    reason: str | None = Field(default=None, description="Why it rejected; None on a pass.")
+    duration: float = Field(ge=0.0, description="Seconds the check took.")
+
+
+class Attempt(BaseModel, Generic[T]):
+    """One call of the producer and what the checks made of its value."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    number: int = Field(ge=1, description="1 for the first attempt.")
+    value: SerializeAsAny[T] | None = Field(
+        default=None, description="The produced value; None when the producer rejected it."
+    )
+    rejected_by: str | None = Field(default=None, description="The check or stage; None if accepted.")
+    reason: str | None = Field(default=None, description="Why it was rejected; None if accepted.")
+    scores: dict[str, float] = Field(
+        default_factory=dict, description="Soft signals, recorded and never gating."
+    )
+    verdicts: tuple[Verdict, ...] = Field(default=(), description="Every check that ran, in order.")
+    duration: float = Field(ge=0.0, description="Seconds for the producer, checks and scores.")
+    trace_id: str | None = Field(default=None, description="Hex trace id of the attempt's span.")
+    span_id: str | None = Field(default=None, description="Hex span id of the attempt's span.")
+
+    @property
+    def accepted(self) -> bool:
+        """True when no check or stage rejected the value."""
+        return self.rejected_by is None
+
+
+class Outcome(BaseModel, Generic[T]):
+    """The gate's answer: the value to use and how it was reached."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    value: SerializeAsAny[T]
+    disposition: Disposition
+    attempts: tuple[Attempt[T], ...]
+
+
+class NotAccepted(Exception):  # noqa: N818  # the contract's name
+    """Every attempt was rejected and there was no fallback.
+
+    ``attempts`` holds every attempt, in order. The message names the gate and
+    the last stage that rejected; it never holds a value.
+    """
+
+    def __init__(self, name: str, attempts: tuple[Attempt[Any], ...]) -> None:
+        last = attempts[-1].rejected_by if attempts else None
+        super().__init__(
+            f"gate {name!r}: no value accepted in {len(attempts)} attempt(s); "
+            f"last rejected by {last!r}"
+        )
+        self.name = name
+        self.attempts = attempts

@@ -1,0 +1,44 @@
+"""The ``unattended`` command line.
+
+Each subcommand lives in its own ``flows._cli_<name>`` module exposing
+``register(subparsers)``; registering must stay cheap (no Prefect, no SDK, no
+numpy at import) so ``unattended --help`` is fast. Heavy imports happen inside
+the handler a subcommand sets with ``parser.set_defaults(handler=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# One module per command group, in the order they appear in --help.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="unattended",
+        description="Durable, unattended HPC campaigns: gate, policies, approvals, provenance.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code (2 for bad input, 1 for a failed run)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    return int(handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
