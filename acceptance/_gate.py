@@ -20,7 +20,7 @@ from acceptance._types import Attempt, NotAccepted, Outcome, Rejected, Verdict
 T = TypeVar("T")
 
 Producer = Callable[[tuple[Attempt[T], ...]], "T | Awaitable[T]"]
-Check = Callable[[T], "None | Awaitable[None]"]
+Check = Callable[[T], "Awaitable[None] | None"]
 Score = Callable[[T], "float | Awaitable[float]"]
 Fallback = Callable[[], "T | Awaitable[T]"]
 
@@ -105,9 +105,7 @@ async def accept(
             raise NotAccepted(name, tuple(history))
         value = await _call(fallback)
         gate.finish("fallback", attempts)
-        return Outcome.model_construct(
-            value=value, disposition="fallback", attempts=tuple(history)
-        )
+        return Outcome.model_construct(value=value, disposition="fallback", attempts=tuple(history))
 
 
 async def _attempt(
@@ -126,7 +124,9 @@ async def _attempt(
         def rejected(value: T | None, stage: str, reason: str, since: float) -> Attempt[T]:
             now = _perf()
             verdicts.append(
-                Verdict.model_construct(check=stage, passed=False, reason=reason, duration=now - since)
+                Verdict.model_construct(
+                    check=stage, passed=False, reason=reason, duration=now - since
+                )
             )
             span.evaluation(stage, passed=False, reason=reason, value=value)
             span.capture_value(value)

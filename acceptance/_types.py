@@ -47,13 +47,15 @@ class Verdict(BaseModel):
 class Attempt(BaseModel, Generic[T]):
     """One call of the producer and what the checks made of its value."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, ser_json_inf_nan="strings")
 
     number: int = Field(ge=1, description="1 for the first attempt.")
     value: SerializeAsAny[T] | None = Field(
         default=None, description="The produced value; None when the producer rejected it."
     )
-    rejected_by: str | None = Field(default=None, description="The check or stage; None if accepted.")
+    rejected_by: str | None = Field(
+        default=None, description="The check or stage; None if accepted."
+    )
     reason: str | None = Field(default=None, description="Why it was rejected; None if accepted.")
     scores: dict[str, float] = Field(
         default_factory=dict, description="Soft signals, recorded and never gating."
@@ -72,7 +74,7 @@ class Attempt(BaseModel, Generic[T]):
 class Outcome(BaseModel, Generic[T]):
     """The gate's answer: the value to use and how it was reached."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, ser_json_inf_nan="strings")
 
     value: SerializeAsAny[T]
     disposition: Disposition
