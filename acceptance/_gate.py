@@ -123,11 +123,7 @@ async def _attempt(
 
         def rejected(value: T | None, stage: str, reason: str, since: float) -> Attempt[T]:
             now = _perf()
-            verdicts.append(
-                Verdict.model_construct(
-                    check=stage, passed=False, reason=reason, duration=now - since
-                )
-            )
+            verdicts.append(Verdict(stage, False, reason, now - since))
             span.evaluation(stage, passed=False, reason=reason, value=value)
             span.capture_value(value)
             return Attempt.model_construct(
@@ -157,11 +153,7 @@ async def _attempt(
                 return rejected(value, exc.check or check_name, exc.reason, since)
             except ValidationError as exc:
                 return rejected(value, check_name, validation_reason(exc), since)
-            verdicts.append(
-                Verdict.model_construct(
-                    check=check_name, passed=True, reason=None, duration=_perf() - since
-                )
-            )
+            verdicts.append(Verdict(check_name, True, None, _perf() - since))
             span.evaluation(check_name, passed=True, reason=None, value=value)
 
         recorded: dict[str, float] = {}

@@ -8,6 +8,7 @@ they are stored as provenance.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
@@ -33,15 +34,21 @@ class Rejected(Exception):  # noqa: N818  # the contract's name: a rejection, no
         self.check = check
 
 
-class Verdict(BaseModel):
-    """What one check (or the producer's own stage) said about one value."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one check (or the producer's own stage) said about one value.
 
-    model_config = ConfigDict(frozen=True)
+    A plain frozen dataclass rather than a model: the gate builds one per check on
+    its hot path, and pydantic still validates and serialises it inside ``Attempt``.
+    """
 
-    check: str = Field(description="The check's name, or the stage the producer named.")
+    check: str
+    """The check's name, or the stage the producer named."""
     passed: bool
-    reason: str | None = Field(default=None, description="Why it rejected; None on a pass.")
-    duration: float = Field(ge=0.0, description="Seconds the check took.")
+    reason: str | None
+    """Why it rejected; None on a pass."""
+    duration: float
+    """Seconds the check took."""
 
 
 class Attempt(BaseModel, Generic[T]):
