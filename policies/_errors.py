@@ -28,6 +28,9 @@ proposal's content, a prompt, or a secret: callers pass identifiers, and
 :func:`classify` never copies the text of a foreign exception.
 """
 
+# The taxonomy names outcomes (BudgetExceeded, NotFound), a stable public API; no Error suffix.
+# ruff: noqa: N818
+
 from __future__ import annotations
 
 from collections.abc import Mapping
