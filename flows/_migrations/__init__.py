@@ -1,0 +1,1 @@
+"""Alembic migrations of the provenance database (run by ``flows._provenance``)."""

@@ -1,0 +1,157 @@
+"""Open SQLAlchemy engines on a SQLite file or a PostgreSQL URL.
+
+SQLite is the default: the file is created with mode 0600 (parent directory
+created) before SQLAlchemy touches it, runs in WAL mode with foreign keys on,
+and every write transaction starts with ``BEGIN IMMEDIATE`` so writers queue on
+the busy timeout instead of failing on a lock upgrade half-way through.
+Readers open the file read-only, so inspecting never creates or changes files.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from flows._provenance._errors import ProvenanceUnusable
+
+DB_FILENAME = "provenance.db"
+SQLITE_HEADER = b"SQLite format 3\x00"
+# Milliseconds a SQLite connection waits on a lock before SQLITE_BUSY.
+BUSY_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a provenance database lives: a SQLite file or a server URL."""
+
+    url: str
+    path: Path | None
+
+    @property
+    def label(self) -> str:
+        """Return a printable name for messages (never a password)."""
+        if self.path is not None:
+            return str(self.path)
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Return True for a SQLite file."""
+        return self.path is not None
+
+
+def resolve(url_or_path: str | os.PathLike[str]) -> Location:
+    """Turn a URL, a ``.db`` file or a directory into a :class:`Location`.
+
+    A directory means ``<dir>/provenance.db``; a string containing ``://`` is a
+    SQLAlchemy URL (``postgresql+psycopg://...`` or ``sqlite:///path``).
+    """
+    text = os.fspath(url_or_path)
+    if "://" in text:
+        url = make_url(text)
+        if url.get_backend_name() == "sqlite":
+            if not url.database or url.database == ":memory:":
+                raise ProvenanceUnusable(
+                    "an in-memory SQLite database cannot hold provenance",
+                    details={"url": text},
+                )
+            return resolve(url.database)
+        if url.get_backend_name() != "postgresql":
+            raise ProvenanceUnusable(
+                f"unsupported database backend {url.get_backend_name()!r}; "
+                "use a SQLite path or a postgresql+psycopg:// URL",
+                details={"backend": url.get_backend_name()},
+            )
+        if url.drivername == "postgresql":
+            url = url.set(drivername="postgresql+psycopg")
+        return Location(url=url.render_as_string(hide_password=False), path=None)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / DB_FILENAME
+    return Location(url="", path=path.absolute())
+
+
+def check_sqlite_file(path: Path) -> None:
+    """Raise :class:`ProvenanceUnusable` unless ``path`` is empty or a SQLite file."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise ProvenanceUnusable(
+            f"cannot read provenance database {path}: {exc.strerror}",
+            details={"path": str(path)},
+        ) from None
+    if header and header != SQLITE_HEADER:
+        raise ProvenanceUnusable(
+            f"{path} is not a SQLite database (corrupt or a different kind of file)",
+            details={"path": str(path)},
+        )
+
+
+def _create_private_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return  # another process created it first; it set the mode
+    os.close(fd)
+
+
+def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the sqlite3 module so "begin" below decides.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if read_only:
+            cursor.execute("PRAGMA query_only = ON")
+        else:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        # Writers take the write lock up front: a deferred transaction that reads
+        # and then writes can hit SQLITE_BUSY that no timeout resolves.
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def open_engine(location: Location, *, read_only: bool) -> Engine:
+    """Return an engine for ``location``; create the SQLite file unless ``read_only``."""
+    if location.path is None:
+        connect_args: dict[str, Any] = {}
+        if read_only:
+            connect_args["options"] = "-c default_transaction_read_only=on"
+        return create_engine(location.url, pool_pre_ping=True, connect_args=connect_args)
+    path = location.path
+    if read_only:
+        if not path.is_file():
+            raise ProvenanceUnusable(
+                f"no provenance database at {path}", details={"path": str(path)}
+            )
+        check_sqlite_file(path)
+        # URI filenames need percent-encoding ('?' or '#' in a directory name).
+        uri_path = urllib.parse.quote(str(path))
+        return _sqlite_engine(f"sqlite:///file:{uri_path}?mode=ro&uri=true", read_only=True)
+    if path.exists():
+        if path.is_dir():
+            raise ProvenanceUnusable(
+                f"{path} is a directory, not a database file", details={"path": str(path)}
+            )
+        check_sqlite_file(path)
+    else:
+        _create_private_file(path)
+    return _sqlite_engine(f"sqlite:///{path}", read_only=False)

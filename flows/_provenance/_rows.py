@@ -1,0 +1,168 @@
+"""What the store's readers return: frozen, plain records.
+
+Rows are dataclasses (attribute access), so the batch launcher can treat a
+stored :class:`TaskResultRecord` like the ``tasks.TaskResult`` it recorded.
+:func:`as_dict` turns any of them into JSON-ready data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+TASK_RESULT_FIELDS = (
+    "index",
+    "key",
+    "status",
+    "value",
+    "runtime",
+    "host",
+    "exit_code",
+    "stderr_tail",
+    "attempts",
+    "error_code",
+    "retries",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Where a campaign stands: the last completed round's states and every round's status.
+
+    ``last_completed_round`` is None when no round has completed; the states are
+    then None too.
+    """
+
+    last_completed_round: int | None
+    surrogate_state: Any
+    policy_state: Any
+    planner_state: Any
+    rounds: dict[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalEventRecord:
+    """One decision attempt on an approval (``allowed`` False: a refused approver)."""
+
+    decided_by: str | None
+    decision: str
+    comment: str | None
+    overrides: Any
+    allowed: bool
+    settled: bool
+    recorded_at: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalRow:
+    """An approval request, its settling decision (None while pending) and every event."""
+
+    key: str
+    campaign: str
+    round_index: int
+    rule: str | None
+    approvers_allowed: list[str]
+    requested_at: datetime
+    description: str | None
+    flow_run_id: str | None
+    decided_by: str | None
+    decision: str | None
+    comment: str | None
+    overrides: Any
+    decided_at: datetime | None
+    events: tuple[ApprovalEventRecord, ...]
+
+    @property
+    def settled(self) -> bool:
+        """Return True once a decision settled the request."""
+        return self.decision is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResultRecord:
+    """A stored task result, with the ``tasks.TaskResult`` attributes plus its candidate."""
+
+    index: int
+    key: str
+    status: str
+    value: Any
+    runtime: float | None
+    host: str | None
+    exit_code: int | None
+    stderr_tail: str | None
+    attempts: int
+    error_code: str | None
+    retries: Any
+    candidate: Any = None
+
+
+def utc(moment: datetime | None) -> datetime | None:
+    """Return ``moment`` as an aware UTC datetime (SQLite hands back naive ones)."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def now() -> datetime:
+    """Return the current time, aware, in UTC."""
+    return datetime.now(UTC)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars, without importing numpy
+        return obj.tolist()
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    raise TypeError(f"value of type {type(obj).__name__} is not JSON-serialisable")
+
+
+def jsonable(value: Any) -> Any:
+    """Return ``value`` as plain JSON data (pydantic models, numpy, tuples converted)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """Read ``name`` from a mapping or an object's attribute."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def objective_of(value: Any) -> float | None:
+    """Return the numeric objective of a task value, or None when it has none."""
+    if isinstance(value, Mapping):
+        for name in ("objective", "value"):
+            if name in value:
+                return objective_of(value[name])
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def as_dict(record: Any) -> Any:
+    """Return a row (or a structure of rows) as JSON-ready data."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: as_dict(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, Mapping):
+        return {str(k): as_dict(v) for k, v in record.items()}
+    if isinstance(record, list | tuple):
+        return [as_dict(v) for v in record]
+    if isinstance(record, datetime):
+        return utc(record).isoformat()  # type: ignore[union-attr]  # not None here
+    return record

@@ -1,0 +1,278 @@
+"""The provenance tables, as sqlmodel classes.
+
+One campaign has rounds; a round has gate calls (more than one after a policy
+Retry), each gate call has attempts; a round also has policy decisions,
+approvals (with every decision attempt in ``approval_event``) and batches, and
+a batch has task results. Rows are addressed by natural keys (campaign name,
+round index, call index, attempt number, batch key, ...) so that recording the
+same event twice after a crash finds the row that is already there.
+
+This module is the shape of the head revision; the migrations in
+``flows/_migrations/versions`` are what builds it in a database.
+"""
+
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    ForeignKeyConstraint,
+    Index,
+    Text,
+    UniqueConstraint,
+)
+from sqlmodel import Field, SQLModel
+
+CAMPAIGN_STATUSES: Final = (
+    "running",
+    "completed",
+    "blocked",
+    "escalated",
+    "awaiting_approval",
+    "failed",
+)
+ROUND_STATUSES: Final = CAMPAIGN_STATUSES
+DISPOSITIONS: Final = ("pending", "accepted", "fallback", "not_accepted")
+APPROVAL_DECISIONS: Final = ("approved", "rejected", "timeout", "not_allowed")
+BATCH_STATUSES: Final = ("launched", "finished")
+TASK_STATUSES: Final = ("done", "failed", "timeout", "cancelled")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _round_fk(table: str) -> ForeignKeyConstraint:
+    return ForeignKeyConstraint(
+        ["campaign_id", "round_index"],
+        ["round.campaign_id", "round.round_index"],
+        name=f"fk_{table}_round",
+        ondelete="CASCADE",
+    )
+
+
+_TS = DateTime(timezone=True)
+
+
+class Campaign(SQLModel, table=True):
+    """A campaign: its spec, where it runs and how it ended."""
+
+    __tablename__ = "campaign"
+    __table_args__ = (CheckConstraint(_in("status", CAMPAIGN_STATUSES), name="ck_campaign_status"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True)
+    spec: dict[str, Any] = Field(sa_type=JSON)
+    site: str
+    seed: int
+    code_version: str
+    status: str = "running"
+    error_code: str | None = None
+    created_at: datetime = Field(sa_type=_TS)
+    updated_at: datetime = Field(sa_type=_TS)
+
+
+class Round(SQLModel, table=True):
+    """One round and the checkpointed states the next round starts from."""
+
+    __tablename__ = "round"
+    __table_args__ = (
+        UniqueConstraint("campaign_id", "round_index", name="uq_round_campaign_index"),
+        CheckConstraint(_in("status", ROUND_STATUSES), name="ck_round_status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int = Field(foreign_key="campaign.id", ondelete="CASCADE")
+    round_index: int
+    status: str = "running"
+    surrogate_state: Any | None = Field(default=None, sa_type=JSON)
+    policy_state: Any | None = Field(default=None, sa_type=JSON)
+    planner_state: Any | None = Field(default=None, sa_type=JSON)
+    started_at: datetime = Field(sa_type=_TS)
+    finished_at: datetime | None = Field(default=None, sa_type=_TS)
+
+
+class GateCall(SQLModel, table=True):
+    """One call of the accept gate, with the fallback computed before it."""
+
+    __tablename__ = "gate_call"
+    __table_args__ = (
+        UniqueConstraint("campaign_id", "round_index", "call_index", name="uq_gate_call"),
+        _round_fk("gate_call"),
+        CheckConstraint(_in("disposition", DISPOSITIONS), name="ck_gate_call_disposition"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int
+    round_index: int
+    call_index: int
+    name: str
+    budget: int
+    attempts_used: int = 0
+    disposition: str = "pending"
+    fallback_hash: str | None = None
+    fallback_value: Any | None = Field(default=None, sa_type=JSON)
+    fallback_computed_at: datetime = Field(sa_type=_TS)
+
+
+class AttemptRow(SQLModel, table=True):
+    """One producer call and every verdict the checks gave it."""
+
+    __tablename__ = "attempt"
+    __table_args__ = (UniqueConstraint("gate_call_id", "number", name="uq_attempt"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    gate_call_id: int = Field(foreign_key="gate_call.id", ondelete="CASCADE")
+    number: int
+    value: Any | None = Field(default=None, sa_type=JSON)
+    rejected_by: str | None = None
+    reason: str | None = Field(default=None, sa_type=Text)
+    verdicts: list[dict[str, Any]] = Field(sa_type=JSON)
+    scores: dict[str, float] = Field(sa_type=JSON)
+    duration: float
+    trace_id: str | None = None
+    span_id: str | None = None
+
+
+class PolicyDecision(SQLModel, table=True):
+    """One policy evaluation of a round (``seq`` orders them within the round)."""
+
+    __tablename__ = "policy_decision"
+    __table_args__ = (
+        UniqueConstraint("campaign_id", "round_index", "seq", name="uq_policy_decision"),
+        _round_fk("policy_decision"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int
+    round_index: int
+    seq: int
+    outcome: str
+    reason: str | None = Field(default=None, sa_type=Text)
+    code: str | None = None
+    rules_fired: Any | None = Field(default=None, sa_type=JSON)
+    severities: Any | None = Field(default=None, sa_type=JSON)
+    explanation: str | None = Field(default=None, sa_type=Text)
+    shadow: Any | None = Field(default=None, sa_type=JSON)
+    state_after: Any | None = Field(default=None, sa_type=JSON)
+    extra: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+    recorded_at: datetime = Field(sa_type=_TS)
+
+
+class Approval(SQLModel, table=True):
+    """One approval request and the decision that settled it."""
+
+    __tablename__ = "approval"
+    __table_args__ = (
+        _round_fk("approval"),
+        CheckConstraint(
+            "decision IS NULL OR " + _in("decision", APPROVAL_DECISIONS),
+            name="ck_approval_decision",
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int
+    round_index: int
+    key: str = Field(unique=True)
+    rule: str | None = None
+    approvers_allowed: list[str] = Field(sa_type=JSON)
+    requested_at: datetime = Field(sa_type=_TS)
+    description: str | None = Field(default=None, sa_type=Text)
+    flow_run_id: str | None = None
+    decided_by: str | None = None
+    decision: str | None = None
+    comment: str | None = Field(default=None, sa_type=Text)
+    overrides: Any | None = Field(default=None, sa_type=JSON)
+    decided_at: datetime | None = Field(default=None, sa_type=_TS)
+
+
+class ApprovalEvent(SQLModel, table=True):
+    """Every decision attempt on an approval, including refused approvers."""
+
+    __tablename__ = "approval_event"
+    __table_args__ = (
+        UniqueConstraint("approval_id", "event_key", name="uq_approval_event_key"),
+        CheckConstraint(_in("decision", APPROVAL_DECISIONS), name="ck_approval_event_decision"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    approval_id: int = Field(foreign_key="approval.id", ondelete="CASCADE")
+    event_key: str | None = None
+    decided_by: str | None = None
+    decision: str
+    comment: str | None = Field(default=None, sa_type=Text)
+    overrides: Any | None = Field(default=None, sa_type=JSON)
+    allowed: bool
+    settled: bool
+    recorded_at: datetime = Field(sa_type=_TS)
+
+
+class Batch(SQLModel, table=True):
+    """One batch launched on the allocation, addressed by its idempotency key."""
+
+    __tablename__ = "batch"
+    __table_args__ = (
+        _round_fk("batch"),
+        CheckConstraint(_in("status", BATCH_STATUSES), name="ck_batch_status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(unique=True)
+    campaign_id: int
+    round_index: int
+    candidates: list[Any] = Field(sa_type=JSON)
+    backend: str
+    launched_at: datetime = Field(sa_type=_TS)
+    finished_at: datetime | None = Field(default=None, sa_type=_TS)
+    status: str = "launched"
+
+
+class TaskResultRow(SQLModel, table=True):
+    """What one simulation task of a batch came back with.
+
+    ``objective`` is the numeric value (the value itself, or its ``"objective"``
+    or ``"value"`` field), kept so "best result" is one indexed query.
+    """
+
+    __tablename__ = "task_result"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "task_index", name="uq_task_result"),
+        CheckConstraint(_in("status", TASK_STATUSES), name="ck_task_result_status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    batch_id: int = Field(foreign_key="batch.id", ondelete="CASCADE")
+    task_index: int
+    key: str
+    candidate: Any | None = Field(default=None, sa_type=JSON)
+    status: str
+    value: Any | None = Field(default=None, sa_type=JSON)
+    objective: float | None = None
+    runtime: float | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    stderr_tail: str | None = Field(default=None, sa_type=Text)
+    attempts: int = 1
+    error_code: str | None = None
+    retries: Any | None = Field(default=None, sa_type=JSON)
+
+
+# Indexes for the reads ``unattended inspect`` makes; added by revision 0002.
+READ_INDEXES: Final = (
+    Index("ix_round_campaign_status", Round.__table__.c.campaign_id, Round.__table__.c.status),
+    Index("ix_gate_call_campaign_disposition", GateCall.__table__.c.campaign_id,
+          GateCall.__table__.c.disposition),
+    Index("ix_policy_decision_campaign", PolicyDecision.__table__.c.campaign_id,
+          PolicyDecision.__table__.c.outcome),
+    Index("ix_approval_campaign_round", Approval.__table__.c.campaign_id,
+          Approval.__table__.c.round_index),
+    Index("ix_approval_event_approval", ApprovalEvent.__table__.c.approval_id),
+    Index("ix_batch_campaign_round", Batch.__table__.c.campaign_id, Batch.__table__.c.round_index),
+    Index("ix_task_result_batch_objective", TaskResultRow.__table__.c.batch_id,
+          TaskResultRow.__table__.c.objective),
+)
+
+metadata = SQLModel.metadata
