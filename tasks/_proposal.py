@@ -94,6 +94,8 @@ class Proposal(BaseModel):
         enforces the schema by grammar (vLLM) cannot emit a wrong shape.
         """
         schema = cls.model_json_schema()
+        # The class docstring is for programmers; the model gets its own words.
+        schema["description"] = "Reason first in rationale, then give the batch of candidates."
         schema["required"] = list(schema["properties"])
         schema["additionalProperties"] = False
         candidates = schema["properties"]["candidates"]

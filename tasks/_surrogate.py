@@ -132,7 +132,9 @@ class GaussianProcess:
     def propose(self, count: int, bounds: Bounds, seed: Seed) -> list[list[float]]:
         """Return ``count`` distinct candidates in ``bounds`` minimising the lower confidence bound.
 
-        With no observations the batch is a seeded Latin hypercube.
+        With no observations the batch is a seeded Latin hypercube. Candidates
+        equal (at 10 digits) to an observation or to each other are skipped, so
+        bounds too narrow for ``count`` distinct points give a shorter batch.
 
         Raises:
             ValueError: ``count`` is below 1 or ``bounds`` has the wrong dimension.
