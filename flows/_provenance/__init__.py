@@ -4,7 +4,7 @@ Importing this package does not import Prefect or the OpenTelemetry SDK, so
 ``unattended inspect`` works offline and starts fast.
 """
 
-from flows._provenance._errors import ProvenanceUnusable
+from flows._provenance._errors import ProvenanceDatabaseError
 from flows._provenance._migrate import HEAD_REVISION
 from flows._provenance._rows import (
     ApprovalEventRecord,
@@ -19,7 +19,7 @@ __all__ = [
     "ApprovalEventRecord",
     "ApprovalRow",
     "Checkpoint",
+    "ProvenanceDatabaseError",
     "ProvenanceStore",
-    "ProvenanceUnusable",
     "TaskResultRecord",
 ]

@@ -18,9 +18,10 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
-from flows._provenance._errors import ProvenanceUnusable
+from flows._provenance._errors import ProvenanceDatabaseError
 
 DB_FILENAME = "provenance.db"
+DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Milliseconds a SQLite connection waits on a lock before SQLITE_BUSY.
 BUSY_TIMEOUT_MS = 30_000
@@ -49,7 +50,8 @@ class Location:
 def resolve(url_or_path: str | os.PathLike[str]) -> Location:
     """Turn a URL, a ``.db`` file or a directory into a :class:`Location`.
 
-    A directory means ``<dir>/provenance.db``; a string containing ``://`` is a
+    A directory (or a missing path without a ``.db``/``.sqlite``/``.sqlite3``
+    suffix) means ``<dir>/provenance.db``; a string containing ``://`` is a
     SQLAlchemy URL (``postgresql+psycopg://...`` or ``sqlite:///path``).
     """
     text = os.fspath(url_or_path)
@@ -57,13 +59,13 @@ def resolve(url_or_path: str | os.PathLike[str]) -> Location:
         url = make_url(text)
         if url.get_backend_name() == "sqlite":
             if not url.database or url.database == ":memory:":
-                raise ProvenanceUnusable(
+                raise ProvenanceDatabaseError(
                     "an in-memory SQLite database cannot hold provenance",
                     details={"url": text},
                 )
             return resolve(url.database)
         if url.get_backend_name() != "postgresql":
-            raise ProvenanceUnusable(
+            raise ProvenanceDatabaseError(
                 f"unsupported database backend {url.get_backend_name()!r}; "
                 "use a SQLite path or a postgresql+psycopg:// URL",
                 details={"backend": url.get_backend_name()},
@@ -72,23 +74,25 @@ def resolve(url_or_path: str | os.PathLike[str]) -> Location:
             url = url.set(drivername="postgresql+psycopg")
         return Location(url=url.render_as_string(hide_password=False), path=None)
     path = Path(text).expanduser()
-    if path.is_dir():
+    # A directory, or a path that does not exist yet and has no database suffix, is a
+    # campaign directory: the flow passes <state>/campaigns/<name>.
+    if path.is_dir() or (not path.exists() and path.suffix not in DB_SUFFIXES):
         path = path / DB_FILENAME
     return Location(url="", path=path.absolute())
 
 
 def check_sqlite_file(path: Path) -> None:
-    """Raise :class:`ProvenanceUnusable` unless ``path`` is empty or a SQLite file."""
+    """Raise :class:`ProvenanceDatabaseError` unless ``path`` is empty or a SQLite file."""
     try:
         with path.open("rb") as handle:
             header = handle.read(len(SQLITE_HEADER))
     except OSError as exc:
-        raise ProvenanceUnusable(
+        raise ProvenanceDatabaseError(
             f"cannot read provenance database {path}: {exc.strerror}",
             details={"path": str(path)},
         ) from None
     if header and header != SQLITE_HEADER:
-        raise ProvenanceUnusable(
+        raise ProvenanceDatabaseError(
             f"{path} is not a SQLite database (corrupt or a different kind of file)",
             details={"path": str(path)},
         )
@@ -139,7 +143,7 @@ def open_engine(location: Location, *, read_only: bool) -> Engine:
     path = location.path
     if read_only:
         if not path.is_file():
-            raise ProvenanceUnusable(
+            raise ProvenanceDatabaseError(
                 f"no provenance database at {path}", details={"path": str(path)}
             )
         check_sqlite_file(path)
@@ -148,7 +152,7 @@ def open_engine(location: Location, *, read_only: bool) -> Engine:
         return _sqlite_engine(f"sqlite:///file:{uri_path}?mode=ro&uri=true", read_only=True)
     if path.exists():
         if path.is_dir():
-            raise ProvenanceUnusable(
+            raise ProvenanceDatabaseError(
                 f"{path} is a directory, not a database file", details={"path": str(path)}
             )
         check_sqlite_file(path)

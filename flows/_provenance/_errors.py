@@ -3,7 +3,7 @@
 ::
 
     UnattendedError
-    ├── ProvenanceUnusable     spec_invalid   the file/URL is not a provenance DB we can use
+    ├── ProvenanceDatabaseError     spec_invalid   the file/URL is not a provenance DB we can use
     └── NotFound               not_found      (from ``policies``) unknown campaign, round, key
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from policies import UnattendedError
 
 
-class ProvenanceUnusable(UnattendedError):
+class ProvenanceDatabaseError(UnattendedError):
     """The database is missing, corrupt, not SQLite, or from a newer schema.
 
     ``details`` names the location (``path`` or ``url`` without password) and,

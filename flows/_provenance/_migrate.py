@@ -14,7 +14,7 @@ from typing import Final
 from sqlalchemy import Connection, Engine, inspect, text
 
 from flows._provenance._engines import Location
-from flows._provenance._errors import ProvenanceUnusable
+from flows._provenance._errors import ProvenanceDatabaseError
 
 # Every revision this code knows, oldest first; a test pins this to Alembic's view.
 KNOWN_REVISIONS: Final[tuple[str, ...]] = ("0001", "0002")
@@ -29,7 +29,7 @@ def current_revision(connection: Connection, location: Location) -> str | None:
     tables = set(inspect(connection).get_table_names())
     if "alembic_version" not in tables:
         if tables:
-            raise ProvenanceUnusable(
+            raise ProvenanceDatabaseError(
                 f"{location.label} has tables but no provenance schema revision; "
                 "it is not a provenance database",
                 details={"location": location.label},
@@ -37,13 +37,13 @@ def current_revision(connection: Connection, location: Location) -> str | None:
         return None
     rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
     if len(rows) != 1:
-        raise ProvenanceUnusable(
+        raise ProvenanceDatabaseError(
             f"{location.label} has {len(rows)} schema revisions stamped; expected one",
             details={"location": location.label},
         )
     revision = str(rows[0][0])
     if revision not in KNOWN_REVISIONS:
-        raise ProvenanceUnusable(
+        raise ProvenanceDatabaseError(
             f"{location.label} is at schema revision {revision!r}, which this version of "
             f"unattended does not know (it knows up to {HEAD_REVISION!r}); "
             "open it with a newer unattended",
@@ -56,12 +56,12 @@ def check_readable(connection: Connection, location: Location) -> None:
     """Raise unless the database is at the head revision (read-only callers never migrate)."""
     revision = current_revision(connection, location)
     if revision is None:
-        raise ProvenanceUnusable(
+        raise ProvenanceDatabaseError(
             f"{location.label} is empty: no campaign has been recorded in it",
             details={"location": location.label},
         )
     if revision != HEAD_REVISION:
-        raise ProvenanceUnusable(
+        raise ProvenanceDatabaseError(
             f"{location.label} is at older schema revision {revision!r} (head is "
             f"{HEAD_REVISION!r}); open it for writing once (ProvenanceStore.open) to upgrade",
             details={"location": location.label, "revision": revision, "head": HEAD_REVISION},

@@ -7,7 +7,6 @@ plus indexed aggregates, so it stays fast on databases with millions of attempts
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, Table, case, func, select
@@ -30,22 +29,23 @@ from flows._provenance._schema import (
     PolicyDecision,
     Round,
     TaskResultRow,
+    table,
 )
 from flows._provenance._writes import campaign_id
 from policies import NotFound
 
-CAMPAIGNS: Table = Campaign.__table__  # type: ignore[attr-defined]  # sqlmodel sets it
-ROUNDS: Table = Round.__table__  # type: ignore[attr-defined]
-GATE_CALLS: Table = GateCall.__table__  # type: ignore[attr-defined]
-ATTEMPTS: Table = AttemptRow.__table__  # type: ignore[attr-defined]
-DECISIONS: Table = PolicyDecision.__table__  # type: ignore[attr-defined]
-APPROVALS: Table = Approval.__table__  # type: ignore[attr-defined]
-APPROVAL_EVENTS: Table = ApprovalEvent.__table__  # type: ignore[attr-defined]
-BATCHES: Table = Batch.__table__  # type: ignore[attr-defined]
-TASK_RESULTS: Table = TaskResultRow.__table__  # type: ignore[attr-defined]
+CAMPAIGNS: Table = table(Campaign)
+ROUNDS: Table = table(Round)
+GATE_CALLS: Table = table(GateCall)
+ATTEMPTS: Table = table(AttemptRow)
+DECISIONS: Table = table(PolicyDecision)
+APPROVALS: Table = table(Approval)
+APPROVAL_EVENTS: Table = table(ApprovalEvent)
+BATCHES: Table = table(Batch)
+TASK_RESULTS: Table = table(TaskResultRow)
 
 
-def _plain(row: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+def plain(row: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     data = {k: v for k, v in row._mapping.items() if k not in drop}
     return as_dict(data)  # type: ignore[no-any-return]  # a dict in, a dict out
 
@@ -78,8 +78,9 @@ def checkpoint(connection: Connection, name: str) -> Checkpoint:
             ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == last
         )
     ).one()
-    return Checkpoint(last, states.surrogate_state, states.policy_state, states.planner_state,
-                      statuses)
+    return Checkpoint(
+        last, states.surrogate_state, states.policy_state, states.planner_state, statuses
+    )
 
 
 def approval(connection: Connection, key: str) -> ApprovalRow | None:
@@ -92,19 +93,32 @@ def approval(connection: Connection, key: str) -> ApprovalRow | None:
     if row is None:
         return None
     events = connection.execute(
-        select(APPROVAL_EVENTS).where(APPROVAL_EVENTS.c.approval_id == row.id)
+        select(APPROVAL_EVENTS)
+        .where(APPROVAL_EVENTS.c.approval_id == row.id)
         .order_by(APPROVAL_EVENTS.c.id)
     ).all()
     return ApprovalRow(
-        key=row.key, campaign=row.campaign, round_index=row.round_index, rule=row.rule,
-        approvers_allowed=list(row.approvers_allowed), requested_at=utc(row.requested_at),  # type: ignore[arg-type]  # not null
-        description=row.description, flow_run_id=row.flow_run_id, decided_by=row.decided_by,
-        decision=row.decision, comment=row.comment, overrides=row.overrides,
+        key=row.key,
+        campaign=row.campaign,
+        round_index=row.round_index,
+        rule=row.rule,
+        approvers_allowed=list(row.approvers_allowed),
+        requested_at=utc(row.requested_at),  # type: ignore[arg-type]  # not null
+        description=row.description,
+        flow_run_id=row.flow_run_id,
+        decided_by=row.decided_by,
+        decision=row.decision,
+        comment=row.comment,
+        overrides=row.overrides,
         decided_at=utc(row.decided_at),
         events=tuple(
             ApprovalEventRecord(
-                decided_by=e.decided_by, decision=e.decision, comment=e.comment,
-                overrides=e.overrides, allowed=bool(e.allowed), settled=bool(e.settled),
+                decided_by=e.decided_by,
+                decision=e.decision,
+                comment=e.comment,
+                overrides=e.overrides,
+                allowed=bool(e.allowed),
+                settled=bool(e.settled),
                 recorded_at=utc(e.recorded_at),  # type: ignore[arg-type]  # not null
             )
             for e in events
@@ -112,16 +126,26 @@ def approval(connection: Connection, key: str) -> ApprovalRow | None:
     )
 
 
-def _task_records(connection: Connection, batch_id: int) -> list[TaskResultRecord]:
+def task_records(connection: Connection, batch_id: int) -> list[TaskResultRecord]:
     rows = connection.execute(
-        select(TASK_RESULTS).where(TASK_RESULTS.c.batch_id == batch_id)
+        select(TASK_RESULTS)
+        .where(TASK_RESULTS.c.batch_id == batch_id)
         .order_by(TASK_RESULTS.c.task_index)
     ).all()
     return [
         TaskResultRecord(
-            index=r.task_index, key=r.key, status=r.status, value=r.value, runtime=r.runtime,
-            host=r.host, exit_code=r.exit_code, stderr_tail=r.stderr_tail, attempts=r.attempts,
-            error_code=r.error_code, retries=r.retries, candidate=r.candidate,
+            index=r.task_index,
+            key=r.key,
+            status=r.status,
+            value=r.value,
+            runtime=r.runtime,
+            host=r.host,
+            exit_code=r.exit_code,
+            stderr_tail=r.stderr_tail,
+            attempts=r.attempts,
+            error_code=r.error_code,
+            retries=r.retries,
+            candidate=r.candidate,
         )
         for r in rows
     ]
@@ -134,32 +158,40 @@ def finished_batch(connection: Connection, key: str) -> list[TaskResultRecord] |
     ).one_or_none()
     if batch is None or batch.status != "finished":
         return None
-    return _task_records(connection, batch.id)
+    return task_records(connection, batch.id)
 
 
 def campaigns(connection: Connection) -> list[dict[str, Any]]:
     """Return one line per campaign, by name."""
     rounds = (
         select(ROUNDS.c.campaign_id, func.count().label("rounds"))
-        .group_by(ROUNDS.c.campaign_id).subquery()
+        .group_by(ROUNDS.c.campaign_id)
+        .subquery()
     )
     rows = connection.execute(
-        select(CAMPAIGNS.c.name, CAMPAIGNS.c.status, CAMPAIGNS.c.error_code, CAMPAIGNS.c.site,
-               func.coalesce(rounds.c.rounds, 0).label("rounds"), CAMPAIGNS.c.created_at,
-               CAMPAIGNS.c.updated_at)
+        select(
+            CAMPAIGNS.c.name,
+            CAMPAIGNS.c.status,
+            CAMPAIGNS.c.error_code,
+            CAMPAIGNS.c.site,
+            func.coalesce(rounds.c.rounds, 0).label("rounds"),
+            CAMPAIGNS.c.created_at,
+            CAMPAIGNS.c.updated_at,
+        )
         .outerjoin(rounds, rounds.c.campaign_id == CAMPAIGNS.c.id)
         .order_by(CAMPAIGNS.c.name)
     ).all()
-    return [_plain(r) for r in rows]
+    return [plain(r) for r in rows]
 
 
 def gate_calls(connection: Connection, cid: int, index: int) -> list[dict[str, Any]]:
     """Return one round's gate calls by call index."""
     rows = connection.execute(
-        select(GATE_CALLS).where(GATE_CALLS.c.campaign_id == cid, GATE_CALLS.c.round_index == index)
+        select(GATE_CALLS)
+        .where(GATE_CALLS.c.campaign_id == cid, GATE_CALLS.c.round_index == index)
         .order_by(GATE_CALLS.c.call_index)
     ).all()
-    return [_plain(r, drop=("campaign_id",)) for r in rows]
+    return [plain(r, drop=("campaign_id",)) for r in rows]
 
 
 def attempts(connection: Connection, gate_call_id: int) -> list[dict[str, Any]]:
@@ -167,25 +199,31 @@ def attempts(connection: Connection, gate_call_id: int) -> list[dict[str, Any]]:
     rows = connection.execute(
         select(ATTEMPTS).where(ATTEMPTS.c.gate_call_id == gate_call_id).order_by(ATTEMPTS.c.number)
     ).all()
-    return [_plain(r, drop=("id", "gate_call_id")) for r in rows]
+    return [plain(r, drop=("id", "gate_call_id")) for r in rows]
 
 
 def decisions(connection: Connection, cid: int, index: int) -> list[dict[str, Any]]:
     """Return one round's policy decisions by seq."""
     rows = connection.execute(
-        select(DECISIONS).where(DECISIONS.c.campaign_id == cid, DECISIONS.c.round_index == index)
+        select(DECISIONS)
+        .where(DECISIONS.c.campaign_id == cid, DECISIONS.c.round_index == index)
         .order_by(DECISIONS.c.seq)
     ).all()
-    return [_plain(r, drop=("id", "campaign_id", "round_index")) for r in rows]
+    return [plain(r, drop=("id", "campaign_id", "round_index")) for r in rows]
 
 
 def _round_counts(connection: Connection, cid: int) -> dict[int, dict[str, Any]]:
     gc = GATE_CALLS.c
     per_round: dict[int, dict[str, Any]] = {}
     rows = connection.execute(
-        select(gc.round_index, gc.disposition, func.count().label("n"),
-               func.sum(gc.attempts_used).label("used"))
-        .where(gc.campaign_id == cid).group_by(gc.round_index, gc.disposition)
+        select(
+            gc.round_index,
+            gc.disposition,
+            func.count().label("n"),
+            func.sum(gc.attempts_used).label("used"),
+        )
+        .where(gc.campaign_id == cid)
+        .group_by(gc.round_index, gc.disposition)
     ).all()
     for r in rows:
         entry = per_round.setdefault(int(r.round_index), {"dispositions": {}, "attempts": 0})
@@ -196,7 +234,8 @@ def _round_counts(connection: Connection, cid: int) -> dict[int, dict[str, Any]]
     pending = connection.execute(
         select(gc.round_index, func.count(ATTEMPTS.c.id).label("n"))
         .join(ATTEMPTS, ATTEMPTS.c.gate_call_id == gc.id)
-        .where(gc.campaign_id == cid, gc.disposition == "pending").group_by(gc.round_index)
+        .where(gc.campaign_id == cid, gc.disposition == "pending")
+        .group_by(gc.round_index)
     ).all()
     for r in pending:
         per_round.setdefault(int(r.round_index), {"dispositions": {}, "attempts": 0})
@@ -207,59 +246,89 @@ def _round_counts(connection: Connection, cid: int) -> dict[int, dict[str, Any]]
 def _best_result(connection: Connection, cid: int) -> dict[str, Any] | None:
     tr, b = TASK_RESULTS.c, BATCHES.c
     row = connection.execute(
-        select(b.round_index, b.key.label("batch"), tr.task_index, tr.key, tr.objective,
-               tr.value, tr.candidate)
+        select(
+            b.round_index,
+            b.key.label("batch"),
+            tr.task_index,
+            tr.key,
+            tr.objective,
+            tr.value,
+            tr.candidate,
+        )
         .join(BATCHES, b.id == tr.batch_id)
         .where(b.campaign_id == cid, tr.status == "done", tr.objective.is_not(None))
-        .order_by(tr.objective, b.round_index, tr.task_index).limit(1)
+        .order_by(tr.objective, b.round_index, tr.task_index)
+        .limit(1)
     ).one_or_none()
-    return None if row is None else _plain(row)
+    return None if row is None else plain(row)
 
 
 def summary(connection: Connection, name: str) -> dict[str, Any]:
     """Return campaign ``name``'s summary: rounds, dispositions, approvals, best result."""
     cid = require_campaign(connection, name)
-    campaign = _plain(connection.execute(select(CAMPAIGNS).where(CAMPAIGNS.c.id == cid)).one(),
-                      drop=("id",))
+    campaign = plain(
+        connection.execute(select(CAMPAIGNS).where(CAMPAIGNS.c.id == cid)).one(), drop=("id",)
+    )
     counts = _round_counts(connection, cid)
     decided = {
         int(r.round_index): r.outcome
         for r in connection.execute(
             select(DECISIONS.c.round_index, DECISIONS.c.outcome, DECISIONS.c.seq)
-            .where(DECISIONS.c.campaign_id == cid).order_by(DECISIONS.c.seq)
+            .where(DECISIONS.c.campaign_id == cid)
+            .order_by(DECISIONS.c.seq)
         )
     }
     tr, b = TASK_RESULTS.c, BATCHES.c
     tasks = {
         int(r.round_index): {"tasks": int(r.n), "done": int(r.done or 0), "best": r.best}
         for r in connection.execute(
-            select(b.round_index, func.count(tr.id).label("n"),
-                   func.sum(case((tr.status == "done", 1), else_=0)).label("done"),
-                   func.min(case((tr.status == "done", tr.objective), else_=None)).label("best"))
-            .join(TASK_RESULTS, tr.batch_id == b.id).where(b.campaign_id == cid)
+            select(
+                b.round_index,
+                func.count(tr.id).label("n"),
+                func.sum(case((tr.status == "done", 1), else_=0)).label("done"),
+                func.min(case((tr.status == "done", tr.objective), else_=None)).label("best"),
+            )
+            .join(TASK_RESULTS, tr.batch_id == b.id)
+            .where(b.campaign_id == cid)
             .group_by(b.round_index)
         )
     }
     approvals = [
-        _plain(r) for r in connection.execute(
-            select(APPROVALS.c.round_index, APPROVALS.c.key, APPROVALS.c.rule,
-                   APPROVALS.c.decision, APPROVALS.c.decided_by, APPROVALS.c.decided_at)
-            .where(APPROVALS.c.campaign_id == cid).order_by(APPROVALS.c.round_index, APPROVALS.c.id)
+        plain(r)
+        for r in connection.execute(
+            select(
+                APPROVALS.c.round_index,
+                APPROVALS.c.key,
+                APPROVALS.c.rule,
+                APPROVALS.c.decision,
+                APPROVALS.c.decided_by,
+                APPROVALS.c.decided_at,
+            )
+            .where(APPROVALS.c.campaign_id == cid)
+            .order_by(APPROVALS.c.round_index, APPROVALS.c.id)
         )
     ]
     rounds = []
     for r in connection.execute(
         select(ROUNDS.c.round_index, ROUNDS.c.status, ROUNDS.c.started_at, ROUNDS.c.finished_at)
-        .where(ROUNDS.c.campaign_id == cid).order_by(ROUNDS.c.round_index)
+        .where(ROUNDS.c.campaign_id == cid)
+        .order_by(ROUNDS.c.round_index)
     ):
         index = int(r.round_index)
         entry = counts.get(index, {"dispositions": {}, "attempts": 0})
-        rounds.append({
-            "index": index, "status": r.status, "started_at": as_dict(r.started_at),
-            "finished_at": as_dict(r.finished_at), "gate_calls": sum(entry["dispositions"].values()),
-            "dispositions": entry["dispositions"], "attempts": entry["attempts"],
-            "decision": decided.get(index), **tasks.get(index, {"tasks": 0, "done": 0, "best": None}),
-        })
+        rounds.append(
+            {
+                "index": index,
+                "status": r.status,
+                "started_at": as_dict(r.started_at),
+                "finished_at": as_dict(r.finished_at),
+                "gate_calls": sum(entry["dispositions"].values()),
+                "dispositions": entry["dispositions"],
+                "attempts": entry["attempts"],
+                "decision": decided.get(index),
+                **tasks.get(index, {"tasks": 0, "done": 0, "best": None}),
+            }
+        )
     totals: dict[str, int] = {}
     for entry in counts.values():
         for disposition, n in entry["dispositions"].items():
@@ -270,7 +339,9 @@ def summary(connection: Connection, name: str) -> dict[str, Any]:
         "campaign": campaign,
         "rounds": rounds,
         "totals": {
-            "rounds": len(rounds), "gate_calls": sum(totals.values()), "attempts": attempts_total,
+            "rounds": len(rounds),
+            "gate_calls": sum(totals.values()),
+            "attempts": attempts_total,
             "dispositions": totals,
             # A gate stops at its first accepted attempt: one accepted attempt per accepted call.
             "acceptance_rate": (totals.get("accepted", 0) / finished) if finished else None,
@@ -291,65 +362,35 @@ def round_view(connection: Connection, name: str, index: int) -> dict[str, Any]:
         select(ROUNDS).where(ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == index)
     ).one_or_none()
     if row is None:
-        raise NotFound(f"campaign {name!r} has no round {index}",
-                       details={"campaign": name, "round": index})
+        raise NotFound(
+            f"campaign {name!r} has no round {index}", details={"campaign": name, "round": index}
+        )
     calls = gate_calls(connection, cid, index)
     for call in calls:
         call["attempts"] = attempts(connection, call["id"])
-    keys = connection.execute(
-        select(APPROVALS.c.key).where(APPROVALS.c.campaign_id == cid,
-                                      APPROVALS.c.round_index == index).order_by(APPROVALS.c.id)
-    ).scalars().all()
+    keys = (
+        connection.execute(
+            select(APPROVALS.c.key)
+            .where(APPROVALS.c.campaign_id == cid, APPROVALS.c.round_index == index)
+            .order_by(APPROVALS.c.id)
+        )
+        .scalars()
+        .all()
+    )
     batches = []
     for batch in connection.execute(
-        select(BATCHES).where(BATCHES.c.campaign_id == cid, BATCHES.c.round_index == index)
+        select(BATCHES)
+        .where(BATCHES.c.campaign_id == cid, BATCHES.c.round_index == index)
         .order_by(BATCHES.c.id)
     ):
-        entry = _plain(batch, drop=("id", "campaign_id", "round_index"))
-        entry["results"] = as_dict(_task_records(connection, batch.id))
+        entry = plain(batch, drop=("id", "campaign_id", "round_index"))
+        entry["results"] = as_dict(task_records(connection, batch.id))
         batches.append(entry)
     return {
         "campaign": name,
-        "round": _plain(row, drop=("id", "campaign_id")),
+        "round": plain(row, drop=("id", "campaign_id")),
         "gate_calls": calls,
         "decisions": decisions(connection, cid, index),
         "approvals": [as_dict(approval(connection, k)) for k in keys],
         "batches": batches,
     }
-
-
-def export_records(connection: Connection, name: str) -> Iterator[dict[str, Any]]:
-    """Yield every record of campaign ``name`` as ``{"kind": ..., ...}`` dicts, in order."""
-    cid = require_campaign(connection, name)
-    yield {"kind": "campaign", **_plain(
-        connection.execute(select(CAMPAIGNS).where(CAMPAIGNS.c.id == cid)).one(), drop=("id",))}
-    for kind, table in (("round", ROUNDS), ("decision", DECISIONS)):
-        for row in connection.execute(select(table).where(table.c.campaign_id == cid)
-                                      .order_by(table.c.id)):
-            yield {"kind": kind, **_plain(row, drop=("id", "campaign_id"))}
-    yield from export_attempts(connection, name)
-    for key in connection.execute(select(APPROVALS.c.key).where(APPROVALS.c.campaign_id == cid)
-                                  .order_by(APPROVALS.c.id)).scalars():
-        yield {"kind": "approval", **as_dict(approval(connection, key))}
-    for batch in connection.execute(select(BATCHES).where(BATCHES.c.campaign_id == cid)
-                                    .order_by(BATCHES.c.id)).all():
-        yield {"kind": "batch", **_plain(batch, drop=("id", "campaign_id"))}
-        for record in _task_records(connection, batch.id):
-            yield {"kind": "task_result", "batch": batch.key, "round_index": batch.round_index,
-                   **as_dict(record)}
-
-
-def export_attempts(connection: Connection, name: str) -> Iterator[dict[str, Any]]:
-    """Yield one flat record per attempt of campaign ``name`` (streamed, for big campaigns)."""
-    cid = require_campaign(connection, name)
-    gc, at = GATE_CALLS.c, ATTEMPTS.c
-    result = connection.execution_options(yield_per=5000).execute(
-        select(gc.round_index, gc.call_index, gc.name.label("gate"), gc.disposition,
-               gc.fallback_hash, at.number, at.rejected_by, at.reason, at.value, at.verdicts,
-               at.scores, at.duration, at.trace_id, at.span_id)
-        .join(GATE_CALLS, gc.id == at.gate_call_id)
-        .where(gc.campaign_id == cid)
-        .order_by(gc.round_index, gc.call_index, at.number)
-    )
-    for row in result:
-        yield {"kind": "attempt", "accepted": row.rejected_by is None, **_plain(row)}

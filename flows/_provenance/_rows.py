@@ -128,11 +128,25 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"value of type {type(obj).__name__} is not JSON-serialisable")
 
 
+def _finite(value: Any) -> Any:
+    # Strict JSON (PostgreSQL's json type) has no NaN or Infinity: store them as strings,
+    # the way pydantic's ser_json_inf_nan="strings" does.
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
 def jsonable(value: Any) -> Any:
-    """Return ``value`` as plain JSON data (pydantic models, numpy, tuples converted)."""
-    if value is None or isinstance(value, str | int | float | bool):
+    """Return ``value`` as strict JSON data (pydantic models, numpy, tuples converted)."""
+    if value is None or isinstance(value, str | int | bool):
         return value
-    return json.loads(json.dumps(value, default=_json_default))
+    if isinstance(value, float):
+        return _finite(value)
+    return _finite(json.loads(json.dumps(value, default=_json_default)))
 
 
 def field(obj: Any, name: str, default: Any = None) -> Any:

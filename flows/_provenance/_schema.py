@@ -5,7 +5,9 @@ Retry), each gate call has attempts; a round also has policy decisions,
 approvals (with every decision attempt in ``approval_event``) and batches, and
 a batch has task results. Rows are addressed by natural keys (campaign name,
 round index, call index, attempt number, batch key, ...) so that recording the
-same event twice after a crash finds the row that is already there.
+same event twice after a crash finds the row that is already there. The
+non-unique ``ix_*`` indexes serve the reads of ``unattended inspect``
+(revision 0002 adds them).
 
 This module is the shape of the head revision; the migrations in
 ``flows/_migrations/versions`` are what builds it in a database.
@@ -20,6 +22,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKeyConstraint,
     Index,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -79,6 +82,7 @@ class Round(SQLModel, table=True):
 
     __tablename__ = "round"
     __table_args__ = (
+        Index("ix_round_campaign_status", "campaign_id", "status"),
         UniqueConstraint("campaign_id", "round_index", name="uq_round_campaign_index"),
         CheckConstraint(_in("status", ROUND_STATUSES), name="ck_round_status"),
     )
@@ -99,6 +103,7 @@ class GateCall(SQLModel, table=True):
 
     __tablename__ = "gate_call"
     __table_args__ = (
+        Index("ix_gate_call_campaign_disposition", "campaign_id", "disposition"),
         UniqueConstraint("campaign_id", "round_index", "call_index", name="uq_gate_call"),
         _round_fk("gate_call"),
         CheckConstraint(_in("disposition", DISPOSITIONS), name="ck_gate_call_disposition"),
@@ -141,6 +146,7 @@ class PolicyDecision(SQLModel, table=True):
 
     __tablename__ = "policy_decision"
     __table_args__ = (
+        Index("ix_policy_decision_campaign", "campaign_id", "outcome"),
         UniqueConstraint("campaign_id", "round_index", "seq", name="uq_policy_decision"),
         _round_fk("policy_decision"),
     )
@@ -166,6 +172,7 @@ class Approval(SQLModel, table=True):
 
     __tablename__ = "approval"
     __table_args__ = (
+        Index("ix_approval_campaign_round", "campaign_id", "round_index"),
         _round_fk("approval"),
         CheckConstraint(
             "decision IS NULL OR " + _in("decision", APPROVAL_DECISIONS),
@@ -194,6 +201,7 @@ class ApprovalEvent(SQLModel, table=True):
 
     __tablename__ = "approval_event"
     __table_args__ = (
+        Index("ix_approval_event_approval", "approval_id"),
         UniqueConstraint("approval_id", "event_key", name="uq_approval_event_key"),
         CheckConstraint(_in("decision", APPROVAL_DECISIONS), name="ck_approval_event_decision"),
     )
@@ -215,6 +223,7 @@ class Batch(SQLModel, table=True):
 
     __tablename__ = "batch"
     __table_args__ = (
+        Index("ix_batch_campaign_round", "campaign_id", "round_index"),
         _round_fk("batch"),
         CheckConstraint(_in("status", BATCH_STATUSES), name="ck_batch_status"),
     )
@@ -239,6 +248,7 @@ class TaskResultRow(SQLModel, table=True):
 
     __tablename__ = "task_result"
     __table_args__ = (
+        Index("ix_task_result_batch_objective", "batch_id", "objective"),
         UniqueConstraint("batch_id", "task_index", name="uq_task_result"),
         CheckConstraint(_in("status", TASK_STATUSES), name="ck_task_result_status"),
     )
@@ -260,19 +270,9 @@ class TaskResultRow(SQLModel, table=True):
     retries: Any | None = Field(default=None, sa_type=JSON)
 
 
-# Indexes for the reads ``unattended inspect`` makes; added by revision 0002.
-READ_INDEXES: Final = (
-    Index("ix_round_campaign_status", Round.__table__.c.campaign_id, Round.__table__.c.status),
-    Index("ix_gate_call_campaign_disposition", GateCall.__table__.c.campaign_id,
-          GateCall.__table__.c.disposition),
-    Index("ix_policy_decision_campaign", PolicyDecision.__table__.c.campaign_id,
-          PolicyDecision.__table__.c.outcome),
-    Index("ix_approval_campaign_round", Approval.__table__.c.campaign_id,
-          Approval.__table__.c.round_index),
-    Index("ix_approval_event_approval", ApprovalEvent.__table__.c.approval_id),
-    Index("ix_batch_campaign_round", Batch.__table__.c.campaign_id, Batch.__table__.c.round_index),
-    Index("ix_task_result_batch_objective", TaskResultRow.__table__.c.batch_id,
-          TaskResultRow.__table__.c.objective),
-)
-
 metadata = SQLModel.metadata
+
+
+def table(model: type[SQLModel]) -> Table:
+    """Return the SQLAlchemy table of a table model."""
+    return model.__table__  # type: ignore[attr-defined,no-any-return]  # set by sqlmodel

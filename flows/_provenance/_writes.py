@@ -16,15 +16,17 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, Table, select
 from sqlalchemy.exc import OperationalError
 
-from flows._provenance._schema import Campaign, Round
+from flows._provenance._engines import Location
 from flows._provenance._rows import now
+from flows._provenance._schema import Campaign, Round, table
+from policies import NotFound, ValidationFailed
 
 T = TypeVar("T")
 
 _MAX_TRIES = 12
 _PG_RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
-CAMPAIGNS: Table = Campaign.__table__  # type: ignore[attr-defined]  # sqlmodel sets it
-ROUNDS: Table = Round.__table__  # type: ignore[attr-defined]
+CAMPAIGNS: Table = table(Campaign)
+ROUNDS: Table = table(Round)
 
 
 def _is_transient(exc: OperationalError) -> bool:
@@ -88,3 +90,32 @@ def ensure_round(connection: Connection, campaign: int, index: int) -> None:
         {"campaign_id": campaign, "round_index": index, "status": "running", "started_at": now()},
         ("campaign_id", "round_index"),
     )
+
+
+class StoreBase:
+    """What every group of the store's writes needs: the engine and campaign ids."""
+
+    def __init__(self, engine: Engine, location: Location, *, read_only: bool) -> None:
+        self.engine = engine
+        self.location = location
+        self.read_only = read_only
+        self._campaign_ids: dict[str, int] = {}
+
+    def _id(self, connection: Connection, name: str) -> int:
+        cached = self._campaign_ids.get(name)
+        if cached is not None:
+            return cached
+        found = campaign_id(connection, name)
+        if found is None:
+            raise NotFound(f"no campaign named {name!r}", details={"campaign": name})
+        self._campaign_ids[name] = found
+        return found
+
+
+def check_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    """Raise :class:`ValidationFailed` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValidationFailed(
+            f"{what} must be one of {', '.join(allowed)}; got {value!r}",
+            details={"field": what},
+        )

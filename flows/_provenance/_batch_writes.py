@@ -1,0 +1,229 @@
+"""The store's writes for approvals and batches (the ``BatchStore`` protocol)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from flows._provenance import _readers as readers
+from flows._provenance._rows import (
+    TASK_RESULT_FIELDS,
+    ApprovalRow,
+    TaskResultRecord,
+    field,
+    jsonable,
+    now,
+    objective_of,
+)
+from flows._provenance._schema import (
+    APPROVAL_DECISIONS,
+    Approval,
+    ApprovalEvent,
+    Batch,
+    TaskResultRow,
+    table,
+)
+from flows._provenance._writes import (
+    StoreBase,
+    check_choice,
+    ensure_round,
+    in_transaction,
+    insert_ignore,
+)
+from policies import NotFound
+
+APPROVALS = table(Approval)
+APPROVAL_EVENTS = table(ApprovalEvent)
+BATCHES = table(Batch)
+TASK_RESULTS = table(TaskResultRow)
+
+
+class ApprovalAndBatchWrites(StoreBase):
+    """Record approval requests and decisions, launched batches and their results.
+
+    ``find_batch`` returns :class:`TaskResultRecord` objects (attributes, not dicts).
+    """
+
+    def record_approval_request(
+        self,
+        name: str,
+        index: int,
+        *,
+        key: str,
+        rule: str | None,
+        approvers: Iterable[str],
+        description: str | None,
+        flow_run_id: str | None,
+    ) -> None:
+        """Persist an approval request before the run suspends; idempotent on ``key``."""
+        allowed = sorted(set(approvers))
+
+        def work(connection: Connection) -> None:
+            cid = self._id(connection, name)
+            ensure_round(connection, cid, index)
+            insert_ignore(
+                connection,
+                APPROVALS,
+                {
+                    "campaign_id": cid,
+                    "round_index": index,
+                    "key": key,
+                    "rule": rule,
+                    "approvers_allowed": allowed,
+                    "requested_at": now(),
+                    "description": description,
+                    "flow_run_id": flow_run_id,
+                },
+                ("key",),
+            )
+
+        in_transaction(self.engine, work)
+
+    def record_approval_event(
+        self,
+        key: str,
+        *,
+        decided_by: str | None,
+        decision: str,
+        comment: str | None = None,
+        overrides: Any = None,
+        allowed: bool,
+        event_key: str | None = None,
+    ) -> bool:
+        """Record one decision attempt on approval ``key``; return True if it settled it.
+
+        Every call adds an ``approval_event`` row (a refused approver too, with
+        ``allowed=False``). The first allowed event settles the approval; later
+        ones are kept as events only. Pass ``event_key`` (the flow run input id,
+        say) to make a replay record the event once.
+        """
+        check_choice(decision, APPROVAL_DECISIONS, "decision")
+        overrides_json = jsonable(overrides)
+
+        def work(connection: Connection) -> bool:
+            approval = connection.execute(
+                select(APPROVALS.c.id, APPROVALS.c.decision).where(APPROVALS.c.key == key)
+            ).one_or_none()
+            if approval is None:
+                raise NotFound(f"no approval request with key {key!r}", details={"key": key})
+            if (
+                event_key is not None
+                and connection.execute(
+                    select(APPROVAL_EVENTS.c.id).where(
+                        APPROVAL_EVENTS.c.approval_id == approval.id,
+                        APPROVAL_EVENTS.c.event_key == event_key,
+                    )
+                ).first()
+            ):
+                return False
+            settles = allowed and approval.decision is None
+            moment = now()
+            connection.execute(
+                APPROVAL_EVENTS.insert().values(
+                    approval_id=approval.id,
+                    event_key=event_key,
+                    decided_by=decided_by,
+                    decision=decision,
+                    comment=comment,
+                    overrides=overrides_json,
+                    allowed=allowed,
+                    settled=settles,
+                    recorded_at=moment,
+                )
+            )
+            if settles:
+                connection.execute(
+                    update(APPROVALS)
+                    .where(APPROVALS.c.id == approval.id)
+                    .values(
+                        decided_by=decided_by,
+                        decision=decision,
+                        comment=comment,
+                        overrides=overrides_json,
+                        decided_at=moment,
+                    )
+                )
+            return settles
+
+        return in_transaction(self.engine, work)
+
+    def find_approval(self, key: str) -> ApprovalRow | None:
+        """Return approval ``key`` with its events, or None if it was never requested."""
+        with self.engine.connect() as connection:
+            return readers.approval(connection, key)
+
+    def record_batch_launched(
+        self, key: str, *, campaign: str, round_index: int, candidates: Iterable[Any], backend: str
+    ) -> None:
+        """Record that batch ``key`` was launched; idempotent on ``key``."""
+        candidates_json = jsonable(list(candidates))
+
+        def work(connection: Connection) -> None:
+            cid = self._id(connection, campaign)
+            ensure_round(connection, cid, round_index)
+            insert_ignore(
+                connection,
+                BATCHES,
+                {
+                    "key": key,
+                    "campaign_id": cid,
+                    "round_index": round_index,
+                    "candidates": candidates_json,
+                    "backend": backend,
+                    "launched_at": now(),
+                    "status": "launched",
+                },
+                ("key",),
+            )
+
+        in_transaction(self.engine, work)
+
+    def record_batch_results(self, key: str, results: Iterable[Any]) -> None:
+        """Record batch ``key``'s task results and mark it finished, in one transaction.
+
+        ``results`` are ``tasks.TaskResult`` objects or dicts with the same
+        fields; a result already recorded for an index is kept.
+        """
+        items = list(results)
+
+        def work(connection: Connection) -> None:
+            batch = connection.execute(
+                select(BATCHES.c.id, BATCHES.c.candidates).where(BATCHES.c.key == key)
+            ).one_or_none()
+            if batch is None:
+                raise NotFound(f"no batch launched with key {key!r}", details={"batch": key})
+            candidates = batch.candidates or []
+            rows = []
+            for item in items:
+                values = {name: field(item, name) for name in TASK_RESULT_FIELDS}
+                task_index = int(values.pop("index"))
+                value = jsonable(values["value"])
+                rows.append(
+                    {
+                        **values,
+                        "batch_id": batch.id,
+                        "task_index": task_index,
+                        "value": value,
+                        "objective": objective_of(value),
+                        "retries": jsonable(values["retries"]),
+                        "attempts": int(values["attempts"] or 1),
+                        "candidate": (
+                            candidates[task_index] if 0 <= task_index < len(candidates) else None
+                        ),
+                    }
+                )
+            insert_ignore(connection, TASK_RESULTS, rows, ("batch_id", "task_index"))
+            connection.execute(
+                update(BATCHES)
+                .where(BATCHES.c.id == batch.id, BATCHES.c.status == "launched")
+                .values(status="finished", finished_at=now())
+            )
+
+        in_transaction(self.engine, work)
+
+    def find_batch(self, key: str) -> list[TaskResultRecord] | None:
+        """Return a finished batch's results (by index), or None if it has not finished."""
+        with self.engine.connect() as connection:
+            return readers.finished_batch(connection, key)

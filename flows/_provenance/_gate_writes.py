@@ -1,0 +1,181 @@
+"""The store's writes for the accept gate and the policy decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+from sqlalchemy.exc import IntegrityError
+
+from flows._provenance._rows import field, jsonable, now
+from flows._provenance._schema import DISPOSITIONS, AttemptRow, GateCall, PolicyDecision, table
+from flows._provenance._writes import (
+    StoreBase,
+    check_choice,
+    ensure_round,
+    in_transaction,
+    insert_ignore,
+)
+from policies import InternalError, NotFound, ValidationFailed
+
+GATE_CALLS = table(GateCall)
+ATTEMPTS = table(AttemptRow)
+DECISIONS = table(PolicyDecision)
+_DECISION_FIELDS = (
+    "outcome",
+    "reason",
+    "code",
+    "rules_fired",
+    "severities",
+    "explanation",
+    "shadow",
+    "state_after",
+)
+
+
+def _attempt_values(gate_call_id: int, attempt: Any) -> dict[str, Any]:
+    data = attempt.model_dump(mode="json") if hasattr(attempt, "model_dump") else dict(attempt)
+    if not isinstance(data.get("number"), int):
+        raise ValidationFailed("attempt.number must be an integer", details={"field": "number"})
+    verdicts = [
+        {k: field(v, k) for k in ("check", "passed", "reason", "duration")}
+        for v in data.get("verdicts") or ()
+    ]
+    return {
+        "gate_call_id": gate_call_id,
+        "number": data["number"],
+        "value": jsonable(data.get("value")),
+        "rejected_by": data.get("rejected_by"),
+        "reason": data.get("reason"),
+        "verdicts": jsonable(verdicts),
+        "scores": jsonable(dict(data.get("scores") or {})),
+        "duration": float(data.get("duration") or 0.0),
+        "trace_id": data.get("trace_id"),
+        "span_id": data.get("span_id"),
+    }
+
+
+class GateWrites(StoreBase):
+    """Record gate calls (fallback first), attempts and policy decisions."""
+
+    def record_gate_call(
+        self,
+        name: str,
+        index: int,
+        call_index: int,
+        *,
+        gate: str,
+        budget: int,
+        fallback_hash: str | None,
+        fallback_value: Any,
+    ) -> int:
+        """Record a gate call with its fallback (before any attempt); return its id.
+
+        Recording it again returns the same id. A different ``fallback_hash`` for
+        the same call means the fallback is not deterministic: :class:`InternalError`.
+        """
+        fallback_json = jsonable(fallback_value)
+
+        def work(connection: Connection) -> int:
+            cid = self._id(connection, name)
+            ensure_round(connection, cid, index)
+            insert_ignore(
+                connection,
+                GATE_CALLS,
+                {
+                    "campaign_id": cid,
+                    "round_index": index,
+                    "call_index": call_index,
+                    "name": gate,
+                    "budget": budget,
+                    "attempts_used": 0,
+                    "disposition": "pending",
+                    "fallback_hash": fallback_hash,
+                    "fallback_value": fallback_json,
+                    "fallback_computed_at": now(),
+                },
+                ("campaign_id", "round_index", "call_index"),
+            )
+            row = connection.execute(
+                select(GATE_CALLS.c.id, GATE_CALLS.c.fallback_hash).where(
+                    GATE_CALLS.c.campaign_id == cid,
+                    GATE_CALLS.c.round_index == index,
+                    GATE_CALLS.c.call_index == call_index,
+                )
+            ).one()
+            if row.fallback_hash != fallback_hash:
+                raise InternalError(
+                    f"gate call {row.id} (campaign {name!r}, round {index}, call {call_index}) "
+                    "was recorded with a different fallback hash: the fallback is not "
+                    "deterministic",
+                    details={"gate_call_id": row.id, "round": index, "call_index": call_index},
+                )
+            return int(row.id)
+
+        return in_transaction(self.engine, work)
+
+    def record_attempt(self, gate_call_id: int, attempt: Any) -> None:
+        """Record one ``acceptance.Attempt`` (or its ``model_dump``) with its verdicts."""
+        self.record_attempts(gate_call_id, [attempt])
+
+    def record_attempts(self, gate_call_id: int, attempts: Iterable[Any]) -> None:
+        """Record many attempts of one gate call in one transaction (bulk loads)."""
+        rows = [_attempt_values(gate_call_id, a) for a in attempts]
+
+        def work(connection: Connection) -> None:
+            insert_ignore(connection, ATTEMPTS, rows, ("gate_call_id", "number"))
+
+        try:
+            in_transaction(self.engine, work)
+        except IntegrityError:
+            raise NotFound(
+                f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
+            ) from None
+
+    def finish_gate_call(self, gate_call_id: int, disposition: str, attempts_used: int) -> None:
+        """Record how the gate call ended and how many attempts it used."""
+        check_choice(disposition, DISPOSITIONS, "disposition")
+
+        def work(connection: Connection) -> None:
+            result = connection.execute(
+                update(GATE_CALLS)
+                .where(GATE_CALLS.c.id == gate_call_id)
+                .values(disposition=disposition, attempts_used=attempts_used)
+            )
+            if result.rowcount == 0:
+                raise NotFound(
+                    f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
+                )
+
+        in_transaction(self.engine, work)
+
+    def record_decision(self, name: str, index: int, seq: int, record: Mapping[str, Any]) -> None:
+        """Record the policy decision ``seq`` of a round (``Decision.to_record()``).
+
+        Known keys fill their columns; any other key is kept in ``extra``.
+        """
+        if not record.get("outcome"):
+            raise ValidationFailed("decision record needs an outcome", details={"field": "outcome"})
+        data = jsonable(dict(record))
+        values = {k: data.get(k) for k in _DECISION_FIELDS}
+        extra = {k: v for k, v in data.items() if k not in _DECISION_FIELDS}
+
+        def work(connection: Connection) -> None:
+            cid = self._id(connection, name)
+            ensure_round(connection, cid, index)
+            insert_ignore(
+                connection,
+                DECISIONS,
+                {
+                    "campaign_id": cid,
+                    "round_index": index,
+                    "seq": seq,
+                    **values,
+                    "extra": extra or None,
+                    "recorded_at": now(),
+                },
+                ("campaign_id", "round_index", "seq"),
+            )
+
+        in_transaction(self.engine, work)

@@ -1,0 +1,335 @@
+"""Print what ``unattended inspect`` reads: rich tables on a terminal, plain text when piped.
+
+Every cell is built as :class:`rich.text.Text`, so values recorded from a
+planner are shown literally and never interpreted as markup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy.exc import DatabaseError
+
+from flows._provenance import _export
+from flows._provenance._store import ProvenanceStore
+from policies import UnattendedError
+
+# Errors that mean "bad input" for the CLI (exit 2): a missing, corrupt or foreign
+# database, an unknown campaign or round, an unreachable server.
+BAD_INPUT: tuple[type[BaseException], ...] = (UnattendedError, DatabaseError, OSError)
+
+
+def describe(exc: BaseException) -> str:
+    """Return a one-line message for a bad-input error (no SQL, no values)."""
+    if isinstance(exc, UnattendedError):
+        return exc.message
+    if isinstance(exc, DatabaseError):
+        first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+        return f"cannot read the provenance database: {first or type(exc.orig).__name__}"
+    return str(exc)
+
+
+@contextlib.contextmanager
+def open_read_only(location: str) -> Iterator[ProvenanceStore]:
+    """Open the store at ``location`` read-only and close it afterwards."""
+    store = ProvenanceStore.open(location, read_only=True)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _console() -> Console:
+    # Piped output keeps long values on one line instead of wrapping at 80 columns.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200)
+    return Console(width=width, highlight=False)
+
+
+def show(data: Any, printer: Callable[[Console, Any], None], *, as_json: bool) -> None:
+    """Print ``data`` as JSON or through ``printer``."""
+    if as_json:
+        json.dump(data, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    printer(_console(), data)
+
+
+def _cell(value: Any) -> Text:
+    if value is None:
+        return Text("-")
+    if isinstance(value, float):
+        return Text(f"{value:.6g}")
+    if isinstance(value, str):
+        return Text(value)
+    return Text(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def list_campaigns(locations: list[str]) -> list[dict[str, Any]]:
+    """Return every campaign in every database at ``locations``."""
+    found: list[dict[str, Any]] = []
+    for location in locations:
+        with open_read_only(location) as store:
+            for campaign in store.campaigns():
+                found.append({**campaign, "database": store.location.label})
+    return found
+
+
+def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
+    """Print one line per campaign."""
+    columns: tuple[str, ...] = (
+        "name",
+        "status",
+        "error_code",
+        "site",
+        "rounds",
+        "updated_at",
+        "database",
+    )
+    rows = [[c[k] for k in columns] for c in campaigns]
+    console.print(_table("Campaigns", columns, rows))
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    """Print a campaign summary: header, totals, rounds, approvals, best result."""
+    c, t = summary["campaign"], summary["totals"]
+    status = c["status"] + (f" ({c['error_code']})" if c["error_code"] else "")
+    console.print(Text(f"Campaign {c['name']}: {status}", style="bold"))
+    console.print(
+        Text(
+            f"site {c['site']}  seed {c['seed']}  code {c['code_version']}  "
+            f"created {c['created_at']}  updated {c['updated_at']}"
+        )
+    )
+    rate = "-" if t["acceptance_rate"] is None else f"{t['acceptance_rate']:.1%}"
+    console.print(
+        Text(
+            f"{t['rounds']} rounds, {t['gate_calls']} gate calls, {t['attempts']} attempts; "
+            f"acceptance rate {rate} of gate calls; {t['fallbacks']} fallbacks; "
+            f"dispositions {_cell(t['dispositions'])}"
+        )
+    )
+    columns: tuple[str, ...] = (
+        "round",
+        "status",
+        "gate calls",
+        "dispositions",
+        "attempts",
+        "decision",
+        "tasks done",
+        "best",
+    )
+    rows = [
+        [
+            r["index"],
+            r["status"],
+            r["gate_calls"],
+            r["dispositions"],
+            r["attempts"],
+            r["decision"],
+            f"{r['done']}/{r['tasks']}",
+            r["best"],
+        ]
+        for r in summary["rounds"]
+    ]
+    console.print(_table("Rounds", columns, rows))
+    if summary["approvals"]:
+        columns = (
+            "round_index",
+            "key",
+            "rule",
+            "decision",
+            "decided_by",
+            "decided_at",
+        )
+        rows = [[a[k] for k in columns] for a in summary["approvals"]]
+        console.print(_table("Approvals", columns, rows))
+    best = summary["best_result"]
+    if best is None:
+        console.print(Text("Best result: none (no finished task with a numeric value)"))
+    else:
+        console.print(
+            Text(
+                f"Best result: {best['objective']:.6g} in round {best['round_index']}, batch "
+                f"{best['batch']}, task {best['task_index']} ({best['key']}); candidate "
+                f"{_cell(best['candidate'])}"
+            )
+        )
+
+
+def _verdicts(verdicts: list[dict[str, Any]]) -> str:
+    return "; ".join(
+        f"{v['check']}: {'pass' if v['passed'] else 'FAIL ' + str(v['reason'])}" for v in verdicts
+    )
+
+
+def print_round(console: Console, view: dict[str, Any]) -> None:
+    """Print one round in full."""
+    r = view["round"]
+    console.print(
+        Text(
+            f"Campaign {view['campaign']}, round {r['round_index']}: {r['status']}  "
+            f"(started {r['started_at']}, finished {r['finished_at'] or '-'})",
+            style="bold",
+        )
+    )
+    for call in view["gate_calls"]:
+        console.print(
+            Text(
+                f"\nGate call {call['call_index']} ({call['name']}): {call['disposition']} "
+                f"after {call['attempts_used']} of {call['budget']} attempts\n"
+                f"  fallback sha {call['fallback_hash'] or '-'} computed "
+                f"{call['fallback_computed_at']}: {_cell(call['fallback_value'])}"
+            )
+        )
+        columns: tuple[str, ...] = (
+            "#",
+            "result",
+            "reason",
+            "value",
+            "verdicts",
+            "scores",
+            "seconds",
+            "trace",
+        )
+        rows = [
+            [
+                a["number"],
+                "accepted" if a["rejected_by"] is None else f"rejected by {a['rejected_by']}",
+                a["reason"],
+                a["value"],
+                _verdicts(a["verdicts"]),
+                a["scores"] or None,
+                a["duration"],
+                a["trace_id"],
+            ]
+            for a in call["attempts"]
+        ]
+        console.print(_table("Attempts", columns, rows))
+    if view["decisions"]:
+        columns = (
+            "seq",
+            "outcome",
+            "code",
+            "reason",
+            "rules_fired",
+            "severities",
+            "explanation",
+        )
+        rows = [[d[k] for k in columns] for d in view["decisions"]]
+        console.print(_table("Policy decisions", columns, rows))
+    for a in view["approvals"]:
+        console.print(
+            Text(
+                f"\nApproval {a['key']} (rule {a['rule']}, "
+                f"allowed {', '.join(a['approvers_allowed'])}"
+                f", run {a['flow_run_id']}) requested {a['requested_at']}: "
+                f"{a['decision'] or 'pending'} by {a['decided_by'] or '-'} at "
+                f"{a['decided_at'] or '-'}; comment {a['comment'] or '-'}; overrides "
+                f"{_cell(a['overrides'])}"
+            )
+        )
+        columns = (
+            "decided_by",
+            "decision",
+            "allowed",
+            "settled",
+            "comment",
+            "recorded_at",
+        )
+        console.print(
+            _table("Approval events", columns, [[e[k] for k in columns] for e in a["events"]])
+        )
+    for b in view["batches"]:
+        console.print(
+            Text(
+                f"\nBatch {b['key']} on {b['backend']}: {b['status']}, "
+                f"{len(b['candidates'])} candidates, launched {b['launched_at']}, finished "
+                f"{b['finished_at'] or '-'}"
+            )
+        )
+        columns = (
+            "index",
+            "key",
+            "status",
+            "value",
+            "candidate",
+            "runtime",
+            "host",
+            "exit_code",
+            "attempts",
+            "error_code",
+            "stderr_tail",
+        )
+        rows = [[t[k] for k in columns] for t in b["results"]]
+        console.print(_table("Task results", columns, rows))
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _write(records: Iterator[dict[str, Any]], fmt: str, out: TextIO) -> None:
+    if fmt == "jsonl":
+        for record in records:
+            out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+        return
+    writer: csv.DictWriter[str] | None = None
+    for record in records:
+        if writer is None:
+            writer = csv.DictWriter(out, fieldnames=list(record), lineterminator="\n")
+            writer.writeheader()
+        writer.writerow({k: _csv_value(v) for k, v in record.items()})
+
+
+def export(
+    store: ProvenanceStore, name: str, *, fmt: str, records: str, output: str | None
+) -> None:
+    """Write campaign ``name``'s records; a file appears whole or not at all."""
+    readers = {
+        "all": _export.export_records,
+        "attempts": _export.export_attempts,
+        "task_results": _export.export_task_results,
+    }
+    with store.engine.connect() as connection:
+        stream = readers[records](connection, name)
+        first = next(stream)  # raises NotFound before any file is created
+        chained = _chain(first, stream)
+        if output is None:
+            _write(chained, fmt, sys.stdout)
+            return
+        target = Path(output)
+        fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                _write(chained, fmt, handle)
+            os.replace(temp, target)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+
+
+def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    yield first
+    yield from rest
