@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from policies import (
     Block,
     Continue,
@@ -330,3 +332,16 @@ class TestConditions:
         policy = Policy([Rule(name="g", when=when + " && budget.spent < budget.remaining")])
         assert policy.evaluate(make_ctx(disposition="fallback", consecutive_fallbacks=2)).fired
         assert not policy.evaluate(make_ctx(disposition="accepted")).fired
+
+    @pytest.mark.parametrize(
+        ("when", "reads"),
+        [
+            ("batch.size > 1 && batch.node_hours > 1.0", False),
+            ("round.index > 1", False),
+            ("size(batch.candidates) > 1", True),
+            ("has(batch.candidates)", True),
+            ("batch['candidates'] == []", True),
+        ],
+    )
+    def test_candidates_are_converted_only_when_read(self, when: str, reads: bool) -> None:
+        assert Rule(name="r", when=when).reads_candidates is reads

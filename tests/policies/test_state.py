@@ -81,7 +81,7 @@ def drive(policy: Policy, calls: list[tuple[RoundContext, bool]]) -> list[Any]:
 
 
 class TestStateRoundTrip:
-    @settings(max_examples=150, deadline=None, derandomize=True)
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
     @given(
         steps=st.lists(step, min_size=1, max_size=14),
         cut=st.integers(0, 14),
