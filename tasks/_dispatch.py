@@ -1,0 +1,374 @@
+"""One attempt of one task, on each kind of backend, turned into an ``AttemptOutcome``.
+
+Three paths, chosen per site and task:
+
+* local function tasks, ``dispatch = "direct"`` (the default): straight onto the
+  pool that asyncflow's ``LocalExecutionBackend`` wraps. asyncflow's own
+  per-task bookkeeping (a component dict, a registration task, a run loop that
+  rescans every running task every 10 ms, and ``asyncio.run`` per call) made
+  10k thread-pool tasks about 200x slower than ``concurrent.futures``; see
+  ``benchmarks/dispatch.py`` for the ratios this choice is measured by.
+* local executables: ``run_executable`` on this event loop (process groups,
+  stdin, timeouts; asyncflow's executable path has none of them).
+* everything else (Dask, RADICAL-Pilot, local ``dispatch = "engine"``): through
+  the ``WorkflowEngine``, at most ``max_concurrency`` in flight so its run loop
+  stays cheap, with a unique Dask key per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import shlex
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from policies import UnattendedError
+from tasks._executables import ExecOutcome, run_executable, run_executable_blocking
+from tasks._results import ExecutableTask, FunctionTask, TaskStatus, jsonable, tail
+
+#: Exceptions that mean the worker, not the task, went away: always transient.
+LOST_WORKER = frozenset(
+    {"KilledWorker", "CommClosedError", "BrokenProcessPool", "WorkerLostError", "StreamClosedError"}
+)
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What one attempt produced, before it becomes a ``TaskResult``."""
+
+    status: TaskStatus
+    value: Any = None
+    runtime: float = 0.0
+    host: str = ""
+    exit_code: int | None = None
+    stderr_tail: str = ""
+    error_code: str | None = None
+    transient: bool = False
+    reason: str = ""
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call ``fn``; run it to completion if it is a coroutine function."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        return asyncio.run(_await(result))
+    return result
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def call_plain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run a function task in a pool thread."""
+    return _call(fn, args, kwargs)
+
+
+def call_pickled(payload: bytes) -> Any:
+    """Run a cloudpickled function task in a pool process (closures survive the trip)."""
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return _call(fn, args, kwargs)
+
+
+async def remote_call(payload: bytes, offload: bool) -> tuple[str, float, Any]:
+    """Run a cloudpickled call where the engine's backend puts it; return (host, runtime, value).
+
+    asyncflow accepts only ``async`` task functions. On Dask a coroutine runs on
+    the worker's event loop, so the blocking call is ``offload``-ed to a thread
+    there to keep the worker's heartbeats going.
+    """
+    fn, args, kwargs = cloudpickle.loads(payload)
+    started = time.perf_counter()
+    if offload:
+        value = await asyncio.to_thread(_call, fn, args, kwargs)
+    else:
+        value = _call(fn, args, kwargs)
+    return socket.gethostname(), time.perf_counter() - started, value
+
+
+def _error_text(exc: BaseException) -> str:
+    return tail("".join(traceback.format_exception(exc)))
+
+
+def _function_failure(
+    exc: BaseException, transient_types: tuple[type[BaseException], ...], runtime: float, host: str
+) -> AttemptOutcome:
+    name = type(exc).__name__
+    transient = (
+        name in LOST_WORKER
+        or (bool(transient_types) and isinstance(exc, transient_types))
+        or (isinstance(exc, UnattendedError) and exc.retryable)
+    )
+    return AttemptOutcome(
+        status="failed",
+        runtime=runtime,
+        host=host,
+        stderr_tail=_error_text(exc),
+        error_code="task_failed",
+        transient=transient,
+        reason=name,
+    )
+
+
+def function_done(value: Any, runtime: float, host: str) -> AttemptOutcome:
+    """Return a ``done`` outcome, or a failure when the value is not JSON."""
+    try:
+        data = jsonable(value)
+    except TypeError as exc:
+        return AttemptOutcome(
+            status="failed",
+            runtime=runtime,
+            host=host,
+            stderr_tail=str(exc),
+            error_code="task_failed",
+            reason="result not JSON",
+        )
+    return AttemptOutcome(status="done", value=data, runtime=runtime, host=host)
+
+
+def timed_out(
+    runtime: float,
+    host: str,
+    time_limit: float | None,
+    exit_code: int | None = None,
+    stderr_tail: str = "",
+) -> AttemptOutcome:
+    """Return the outcome of an attempt that ran past its time limit."""
+    return AttemptOutcome(
+        status="timeout",
+        runtime=runtime,
+        host=host,
+        exit_code=exit_code,
+        stderr_tail=stderr_tail,
+        error_code="deadline_exceeded",
+        reason=f"timeout after {time_limit}s",
+    )
+
+
+def executable_outcome(
+    out: ExecOutcome,
+    task: ExecutableTask,
+    transient_codes: frozenset[int],
+    time_limit: float | None,
+) -> AttemptOutcome:
+    """Turn what an executable produced into an outcome; stdout JSON becomes the value."""
+    if out.timed_out:
+        return timed_out(out.runtime, out.host, time_limit, out.exit_code, out.stderr_tail)
+    if out.exit_code != 0:
+        code = out.exit_code
+        return AttemptOutcome(
+            status="failed",
+            runtime=out.runtime,
+            host=out.host,
+            exit_code=code,
+            stderr_tail=out.stderr_tail,
+            error_code="task_failed",
+            transient=code in transient_codes or code in task.transient_exit_codes,
+            reason=f"exit code {code}",
+        )
+    try:
+        value = jsonable(_json_or_none(out.stdout))
+    except TypeError:  # pragma: no cover - json.loads only yields JSON types
+        value = None
+    return AttemptOutcome(
+        status="done",
+        value=value,
+        runtime=out.runtime,
+        host=out.host,
+        exit_code=0,
+        stderr_tail=out.stderr_tail,
+    )
+
+
+def _json_or_none(text: str) -> Any:
+    import json
+
+    stripped = text.strip()
+    if not stripped:
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return None
+
+
+class Dispatcher:
+    """Run single attempts on the paths described in the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        pool: Executor | None,
+        direct: bool,
+        engine: Any,
+        remote_kind: str,
+        host: str,
+        grace: float,
+        transient_codes: frozenset[int],
+    ) -> None:
+        self.pool = pool
+        self.direct = direct
+        self.engine = engine
+        self.remote_kind = remote_kind  # "local", "dask" or "radical_pilot"
+        self.host = host
+        self.grace = grace
+        self.transient_codes = transient_codes
+        self.replace_pool: Callable[[], Executor] | None = None
+        self._remote: Any = engine.function_task(remote_call) if engine is not None else None
+        self._finished: list[str] = []
+
+    async def function(
+        self, task: FunctionTask, key: str, time_limit: float | None
+    ) -> AttemptOutcome:
+        """Run one attempt of a function task."""
+        if self.direct and self.pool is not None:
+            return await self._function_direct(task, time_limit)
+        payload = cloudpickle.dumps((task.fn, tuple(task.args), dict(task.kwargs)))
+        return await self._through_engine(payload, key, time_limit, lambda value: value, task)
+
+    async def executable(
+        self, task: ExecutableTask, key: str, time_limit: float | None
+    ) -> AttemptOutcome:
+        """Run one attempt of an executable task."""
+        if self.remote_kind == "local":
+            out = await run_executable(task, time_limit=time_limit, grace=self.grace)
+            return executable_outcome(out, task, self.transient_codes, time_limit)
+        if self.remote_kind == "radical_pilot":
+            return await self._executable_pilot(task, time_limit)
+        payload = cloudpickle.dumps(
+            (
+                run_executable_blocking,
+                (list(task.argv), task.stdin, task.env, task.cwd, time_limit, self.grace),
+                {},
+            )
+        )
+        # The worker enforces the time limit and kills the group; this is a backstop.
+        backstop = None if time_limit is None else time_limit + 2 * self.grace + 30.0
+        outcome = await self._through_engine(payload, key, backstop, None, task)
+        if outcome.status == "done" and isinstance(outcome.value, ExecOutcome):
+            return executable_outcome(outcome.value, task, self.transient_codes, time_limit)
+        return outcome
+
+    async def _function_direct(
+        self, task: FunctionTask, time_limit: float | None
+    ) -> AttemptOutcome:
+        assert self.pool is not None
+        started = time.perf_counter()
+        if isinstance(self.pool, ProcessPoolExecutor):
+            payload = cloudpickle.dumps((task.fn, tuple(task.args), dict(task.kwargs)))
+            future = self.pool.submit(call_pickled, payload)
+        else:
+            future = self.pool.submit(call_plain, task.fn, tuple(task.args), dict(task.kwargs))
+        try:
+            value = await asyncio.wait_for(asyncio.wrap_future(future), time_limit)
+        except TimeoutError:
+            future.cancel()
+            return timed_out(time.perf_counter() - started, self.host, time_limit)
+        except BrokenProcessPool as exc:
+            # A pool process died (OOM killer, segfault): the pool is unusable,
+            # so build a new one and let the retry run on it.
+            if self.replace_pool is not None and self.pool.__class__ is ProcessPoolExecutor:
+                self.pool = self.replace_pool()
+            return _function_failure(exc, task.transient, time.perf_counter() - started, self.host)
+        except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
+            return _function_failure(exc, task.transient, time.perf_counter() - started, self.host)
+        return function_done(value, time.perf_counter() - started, self.host)
+
+    async def _through_engine(
+        self,
+        payload: bytes,
+        key: str,
+        time_limit: float | None,
+        convert: Callable[[Any], Any] | None,
+        task: FunctionTask | ExecutableTask,
+    ) -> AttemptOutcome:
+        started = time.perf_counter()
+        offload = self.remote_kind == "dask"
+        # Dask keys the task by this; every attempt of every task is unique.
+        future = self._remote(payload, offload, task_description={"key": key})
+        try:
+            host, runtime, value = await asyncio.wait_for(future, time_limit)
+        except TimeoutError:
+            return timed_out(time.perf_counter() - started, self.host, time_limit)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return AttemptOutcome(
+                status="cancelled",
+                runtime=time.perf_counter() - started,
+                host=self.host,
+                error_code="task_failed",
+                reason="cancelled by the backend",
+                stderr_tail="cancelled by the execution backend",
+            )
+        except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
+            types = task.transient if isinstance(task, FunctionTask) else ()
+            return _function_failure(exc, types, time.perf_counter() - started, self.host)
+        finally:
+            self._forget(future)
+        if convert is None:
+            return AttemptOutcome(status="done", value=value, runtime=runtime, host=host)
+        return function_done(convert(value), runtime, host)
+
+    async def _executable_pilot(
+        self, task: ExecutableTask, time_limit: float | None
+    ) -> AttemptOutcome:
+        """Run an executable as a RADICAL-Pilot task (no stdin, env or cwd there)."""
+        started = time.perf_counter()
+        if task.stdin is not None or task.env is not None or task.cwd is not None:
+            return AttemptOutcome(
+                status="failed",
+                host=self.host,
+                error_code="task_failed",
+                stderr_tail="stdin, env and cwd are not supported on radical_pilot sites",
+                reason="unsupported on radical_pilot",
+            )
+        command = shlex.join(task.argv)
+
+        async def command_line() -> str:
+            return command
+
+        future = self.engine.executable_task(command_line)()
+        try:
+            stdout = await asyncio.wait_for(future, time_limit)
+        except TimeoutError:
+            return timed_out(time.perf_counter() - started, self.host, time_limit)
+        except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
+            return AttemptOutcome(
+                status="failed",
+                runtime=time.perf_counter() - started,
+                host=self.host,
+                stderr_tail=tail(str(exc)),
+                error_code="task_failed",
+                reason=type(exc).__name__,
+            )
+        out = ExecOutcome(0, str(stdout), "", False, time.perf_counter() - started, self.host)
+        return executable_outcome(out, task, self.transient_codes, time_limit)
+
+    def _forget(self, future: Any) -> None:
+        """Drop finished components from the engine, which otherwise keeps them all."""
+        description = getattr(future, "task", None)
+        if isinstance(description, dict) and "uid" in description:
+            self._finished.append(description["uid"])
+        if len(self._finished) < 512:
+            return
+        engine, keep = self.engine, []
+        for uid in self._finished:
+            # Only once the run loop has moved it out of `running` is it unreferenced.
+            if uid in engine.running or uid not in engine.resolved:
+                keep.append(uid)
+                continue
+            engine.components.pop(uid, None)
+            engine.dependencies.pop(uid, None)
+            engine.resolved.discard(uid)
+        self._finished = keep

@@ -1,0 +1,236 @@
+"""``AllocationExecutor``: run tasks on the site's backend, bounded, retried, keyed.
+
+Usage::
+
+    async with AllocationExecutor.from_site(load_site("local")) as executor:
+        results = await executor.run_batch(tasks, key_prefix="campaign/3/ab12cd")
+
+One executor (one asyncflow engine) per process. Every task gets a unique key
+(``<prefix>/<index>-<uuid>``), at most ``max_concurrency`` tasks are in flight
+(executables also within the open-files limit), transient failures are retried
+a bounded number of times and every retry is recorded on the result. A task
+that fails is a ``TaskResult`` with ``status != "done"``, never an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from tasks._dispatch import AttemptOutcome, Dispatcher
+from tasks._engine import (
+    EngineParts,
+    SavedSignals,
+    claim_process,
+    close_parts,
+    local_pool,
+    release_process,
+    start_engine,
+)
+from tasks._executables import executable_slots
+from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult, TaskSpec
+from tasks._site import LocalBackend, SiteConfig
+
+OnResult = Callable[[TaskResult], "Awaitable[None] | None"]
+_MAX_BACKOFF = 300.0
+
+
+class AllocationExecutor:
+    """Run ``FunctionTask`` and ``ExecutableTask`` on one site's backend.
+
+    Args:
+        site: The validated site config.
+        work_dir: Where asyncflow may put its per-engine folder; default: the CWD.
+    """
+
+    def __init__(self, site: SiteConfig, *, work_dir: str | None = None) -> None:
+        self.site = site
+        self.work_dir = work_dir
+        self._parts: EngineParts | None = None
+        self._saved: SavedSignals | None = None
+        self._dispatch: Dispatcher | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._exec_slots: asyncio.Semaphore | None = None
+        self._transient_codes = frozenset(site.transient_exit_codes)
+
+    @classmethod
+    def from_site(cls, site: SiteConfig, *, work_dir: str | None = None) -> AllocationExecutor:
+        """Return an executor for ``site`` (enter it with ``async with``)."""
+        return cls(site, work_dir=work_dir)
+
+    @property
+    def backend_kind(self) -> str:
+        """Return the site's backend kind: local, dask or radical_pilot."""
+        return self.site.backend.kind
+
+    @property
+    def executable_concurrency(self) -> int:
+        """Return how many executables may run at once (after entering)."""
+        return self._exec_slots._value if self._exec_slots is not None else 0
+
+    async def __aenter__(self) -> AllocationExecutor:
+        claim_process(self)
+        loop = asyncio.get_running_loop()
+        self._saved = SavedSignals.capture(loop)
+        try:
+            self._parts = await start_engine(self.site, work_dir=self.work_dir)
+        except BaseException:
+            release_process(self)
+            raise
+        finally:
+            # The engine's handlers swallow SIGINT/SIGTERM (and outlive it): put
+            # the caller's back at once, so Slurm/Prefect cancellation still works.
+            self._saved.restore(loop)
+        spec = self.site.backend
+        local = isinstance(spec, LocalBackend)
+        self._dispatch = Dispatcher(
+            pool=self._parts.pool,
+            direct=local and isinstance(spec, LocalBackend) and spec.dispatch == "direct",
+            engine=self._parts.engine,
+            remote_kind=spec.kind,
+            host=socket.gethostname(),
+            grace=self.site.kill_grace,
+            transient_codes=self._transient_codes,
+        )
+        if isinstance(spec, LocalBackend):
+            self._dispatch.replace_pool = self._replace_pool
+        self._slots = asyncio.Semaphore(self.site.max_concurrency)
+        # Only local executables hold descriptors of this process.
+        limit = executable_slots(self.site.max_concurrency) if local else self.site.max_concurrency
+        self._exec_slots = asyncio.Semaphore(limit)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if self._parts is not None:
+                await close_parts(self._parts)
+        finally:
+            if self._saved is not None:
+                self._saved.restore(loop)
+            self._parts = None
+            self._dispatch = None
+            release_process(self)
+
+    def _replace_pool(self) -> Any:
+        """Build a fresh pool after a pool process died, and hand it to asyncflow too."""
+        assert self._parts is not None
+        assert isinstance(self.site.backend, LocalBackend)
+        old = self._parts.pool
+        pool = local_pool(self.site.backend)
+        self._parts.pool = pool
+        self._parts.backend.executor = pool
+        if old is not None:
+            old.shutdown(wait=False, cancel_futures=True)
+        return pool
+
+    async def submit(self, task: TaskSpec, *, key: str | None = None) -> TaskResult:
+        """Run one task and return its result (index 0).
+
+        Args:
+            task: The task.
+            key: A readable key prefix; a random suffix makes it unique.
+        """
+        return await self._run(task, f"{key or 'task'}/0-{uuid.uuid4().hex[:12]}", 0)
+
+    async def run_batch(
+        self,
+        tasks: Iterable[TaskSpec],
+        *,
+        key_prefix: str,
+        on_result: OnResult | None = None,
+    ) -> list[TaskResult]:
+        """Run every task, at most ``max_concurrency`` at once; return results in input order.
+
+        Args:
+            tasks: The tasks of the batch.
+            key_prefix: ``campaign/round/batch``; each task's key adds ``/index-uuid``.
+            on_result: Called (sync or async) with each result as it finishes, for progress.
+        """
+        todo = list(tasks)
+        results: list[TaskResult | None] = [None] * len(todo)
+        queue = iter(enumerate(todo))
+
+        async def consume() -> None:
+            # One shared iterator: a bounded set of consumers, not one task per item.
+            for index, task in queue:
+                result = await self._run(
+                    task, f"{key_prefix}/{index}-{uuid.uuid4().hex[:12]}", index
+                )
+                results[index] = result
+                if on_result is not None:
+                    returned = on_result(result)
+                    if inspect.isawaitable(returned):
+                        await returned
+
+        consumers = [
+            asyncio.ensure_future(consume())
+            for _ in range(min(self.site.max_concurrency, len(todo)))
+        ]
+        try:
+            await asyncio.gather(*consumers)
+        except BaseException:
+            for consumer in consumers:
+                consumer.cancel()
+            await asyncio.gather(*consumers, return_exceptions=True)
+            raise
+        return [result for result in results if result is not None]
+
+    async def _run(self, task: TaskSpec, key: str, index: int) -> TaskResult:
+        if self._dispatch is None or self._slots is None or self._exec_slots is None:
+            raise RuntimeError("use 'async with AllocationExecutor(...)' before submitting tasks")
+        timeout = task.timeout if task.timeout is not None else self.site.task_timeout
+        retries = task.retries if task.retries is not None else self.site.retries
+        records: list[RetryRecord] = []
+        attempt = 1
+        async with self._slots:
+            while True:
+                outcome = await self._attempt(task, f"{key}#{attempt}", timeout)
+                if outcome.status == "done" or not outcome.transient or attempt > retries:
+                    break
+                records.append(
+                    RetryRecord(
+                        attempt=attempt,
+                        error_code=outcome.error_code or "task_failed",
+                        reason=outcome.reason,
+                        at=time.time(),
+                    )
+                )
+                delay = min(self.site.retry_backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                attempt += 1
+        return TaskResult(
+            index=index,
+            key=key,
+            status=outcome.status,
+            value=outcome.value,
+            runtime=max(outcome.runtime, 0.0),
+            host=outcome.host,
+            exit_code=outcome.exit_code,
+            stderr_tail=outcome.stderr_tail,
+            attempts=attempt,
+            error_code=outcome.error_code,
+            retries=tuple(records),
+        )
+
+    async def _attempt(self, task: TaskSpec, key: str, time_limit: float | None) -> AttemptOutcome:
+        assert self._dispatch is not None
+        assert self._exec_slots is not None
+        if isinstance(task, ExecutableTask):
+            async with self._exec_slots:
+                return await self._dispatch.executable(task, key, time_limit)
+        if isinstance(task, FunctionTask):
+            return await self._dispatch.function(task, key, time_limit)
+        raise TypeError(f"not a task: {type(task).__name__}")

@@ -1,0 +1,423 @@
+"""Site configs: one commented TOML file per site, validated by ``SiteConfig``.
+
+``load_site("local")`` reads ``site-configs/local.toml``; a path works too.
+``${VAR}`` in any string is expanded from the ``env`` mapping given to the loader
+(the process environment when none is given), so secrets stay out of the file.
+A bad file raises ``SiteInvalid`` naming the file and the dotted field; values,
+and above all secrets, never appear in the message.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from policies import SiteInvalid
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER = re.compile(r"^<[A-Z0-9_ ]+>$")
+_WALLTIME = re.compile(r"^(?:(\d+)-)?(\d{1,3}):([0-5]\d):([0-5]\d)$")
+_SCHEDULER_ADDRESS = re.compile(r"^(tcp|tls|ucx|inproc)://\S+$")
+_URL = re.compile(r"^https?://\S+$")
+
+#: Folders searched for ``<name>.toml``, relative to the CWD and to the project.
+DEFAULT_SEARCH: tuple[str, ...] = ("site-configs",)
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LocalBackend(BaseModel):
+    """Everything on this machine: a process pool (default) or a bounded thread pool."""
+
+    model_config = _STRICT
+
+    kind: Literal["local"] = Field(description="Selects this backend.")
+    executor: Literal["process", "thread"] = Field(
+        default="process",
+        description="Pool for function tasks: processes (isolated, parallel) or threads.",
+    )
+    max_workers: int | None = Field(
+        default=None, ge=1, le=4096, description="Pool size; default: the machine's CPU count."
+    )
+    start_method: Literal["fork", "forkserver", "spawn"] | None = Field(
+        default=None, description="multiprocessing start method of the process pool."
+    )
+    dispatch: Literal["direct", "engine"] = Field(
+        default="direct",
+        description=(
+            "direct: function tasks go straight to the pool asyncflow's backend wraps "
+            "(asyncflow's per-task bookkeeping costs ~N²); engine: through asyncflow's "
+            "WorkflowEngine like the allocation backends."
+        ),
+    )
+
+
+class JobqueueConfig(BaseModel):
+    """Dask workers started as batch jobs by dask-jobqueue (optional extra)."""
+
+    model_config = _STRICT
+
+    system: Literal["slurm", "pbs", "sge", "lsf"] = Field(description="Batch system.")
+    cores: int = Field(ge=1, le=4096, description="Cores per job.")
+    memory: str = Field(
+        pattern=r"^\d+(\.\d+)?\s*[KMGT]i?B$", description="Memory per job, e.g. '64GB'."
+    )
+    jobs: int = Field(default=1, ge=1, le=10_000, description="Jobs (worker groups) to start.")
+    processes: int = Field(default=1, ge=1, le=1024, description="Worker processes per job.")
+    interface: str | None = Field(
+        default=None, max_length=32, description="Network interface, e.g. 'ib0'."
+    )
+    job_extra_directives: list[str] = Field(
+        default_factory=list, max_length=64, description="Extra '#SBATCH'/'#PBS' lines."
+    )
+
+
+class DaskBackend(BaseModel):
+    """A Dask cluster: an existing scheduler, a local cluster, or dask-jobqueue."""
+
+    model_config = _STRICT
+
+    kind: Literal["dask"] = Field(description="Selects this backend.")
+    scheduler_address: str | None = Field(
+        default=None, description="Existing scheduler, e.g. 'tcp://10.0.0.5:8786'."
+    )
+    cluster: Literal["local"] | None = Field(
+        default=None, description="'local': start a distributed.LocalCluster on the listen host."
+    )
+    n_workers: int = Field(default=2, ge=1, le=1024, description="LocalCluster workers.")
+    threads_per_worker: int = Field(default=1, ge=1, le=256, description="Threads per worker.")
+    jobqueue: JobqueueConfig | None = Field(
+        default=None, description="Start workers as batch jobs (needs dask-jobqueue)."
+    )
+
+    @field_validator("scheduler_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not (_SCHEDULER_ADDRESS.match(value) or _PLACEHOLDER.match(value)):
+            raise ValueError("expected a scheduler address like 'tcp://host:8786'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DaskBackend:
+        chosen = [
+            name
+            for name, value in (
+                ("scheduler_address", self.scheduler_address),
+                ("cluster", self.cluster),
+                ("jobqueue", self.jobqueue),
+            )
+            if value is not None
+        ]
+        if len(chosen) != 1:
+            raise ValueError(
+                'set exactly one of scheduler_address, cluster = "local" or [backend.jobqueue]'
+            )
+        return self
+
+
+class RadicalPilotBackend(BaseModel):
+    """RADICAL-Pilot through rhapsody (optional extra ``unattended[radical-pilot]``)."""
+
+    model_config = _STRICT
+
+    kind: Literal["radical_pilot"] = Field(description="Selects this backend.")
+    resource: str = Field(
+        min_length=1,
+        max_length=128,
+        description="RADICAL-Pilot resource label, e.g. 'tacc.frontera'.",
+    )
+    cores: int = Field(ge=1, le=10_000_000, description="Cores of the pilot.")
+    gpus: int = Field(default=0, ge=0, le=1_000_000, description="GPUs of the pilot.")
+    runtime_minutes: int = Field(ge=1, le=525_600, description="Pilot walltime in minutes.")
+    queue: str | None = Field(default=None, max_length=128, description="Batch queue.")
+    project: str | None = Field(default=None, max_length=128, description="Allocation/project.")
+
+
+Backend = Annotated[LocalBackend | DaskBackend | RadicalPilotBackend, Field(discriminator="kind")]
+
+
+class SchedulerConfig(BaseModel):
+    """The batch allocation the campaign runs inside (Slurm/PBS); used for remaining walltime."""
+
+    model_config = _STRICT
+
+    system: Literal["none", "slurm", "pbs"] = Field(default="none", description="Batch system.")
+    account: str | None = Field(default=None, max_length=128, description="Allocation to charge.")
+    queue: str | None = Field(default=None, max_length=128, description="Partition or queue.")
+    walltime: str | None = Field(default=None, description="Allocation walltime as [D-]HH:MM:SS.")
+
+    @field_validator("walltime")
+    @classmethod
+    def _walltime(cls, value: str | None) -> str | None:
+        if value is not None and not _WALLTIME.match(value):
+            raise ValueError("expected a walltime like '02:00:00' or '1-12:00:00'")
+        return value
+
+    @property
+    def walltime_seconds(self) -> float | None:
+        """Return the walltime in seconds, or None when there is none."""
+        if self.walltime is None:
+            return None
+        match = _WALLTIME.match(self.walltime)
+        assert match is not None  # validated above
+        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+    def remaining_walltime(self, *, started_at: float, now: float) -> float | None:
+        """Return seconds left in the allocation, or None when there is no walltime."""
+        total = self.walltime_seconds
+        return None if total is None else max(0.0, total - (now - started_at))
+
+
+class CostConfig(BaseModel):
+    """What a task costs, for budget policies."""
+
+    model_config = _STRICT
+
+    node_hours_per_simulation: float = Field(
+        gt=0.0, le=1e6, description="Node-hours one simulation task costs."
+    )
+    node_hours_per_verifier: float = Field(
+        default=0.0, ge=0.0, le=1e6, description="Node-hours one verifier task costs."
+    )
+
+
+class SiteConfig(BaseModel):
+    """Where and how a campaign's work runs."""
+
+    model_config = _STRICT
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="Site name (defaults to file stem).",
+    )
+    backend: Backend = Field(description="Execution backend, chosen by backend.kind.")
+    max_concurrency: int = Field(
+        default=64, ge=1, le=100_000, description="Tasks in flight at once (executables too)."
+    )
+    task_timeout: float | None = Field(
+        default=None, gt=0.0, le=30 * 86_400.0, description="Default per-attempt timeout, seconds."
+    )
+    retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a task whose failure is transient."
+    )
+    retry_backoff: float = Field(
+        default=1.0, ge=0.0, le=600.0, description="Seconds before the first retry (doubles)."
+    )
+    transient_exit_codes: list[int] = Field(
+        default_factory=list, max_length=64, description="Exit codes that mean 'try again'."
+    )
+    kill_grace: float = Field(
+        default=5.0, ge=0.0, le=300.0, description="Seconds between SIGTERM and SIGKILL."
+    )
+    scheduler: SchedulerConfig = Field(
+        default_factory=SchedulerConfig, description="The batch allocation, if any."
+    )
+    provenance_url: SecretStr | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite in the campaign directory."
+    )
+    prefect_api_url: str | None = Field(default=None, description="Prefect API URL.")
+    otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP endpoint for telemetry.")
+    cost: CostConfig = Field(description="Node-hours per task, for budget policies.")
+    listen: str = Field(
+        default="127.0.0.1", description="Host that servers started for the site bind to."
+    )
+    secrets: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Named secrets, usually '${ENV_VAR}' references."
+    )
+
+    _source: str | None = PrivateAttr(default=None)
+
+    @field_validator("prefect_api_url", "otlp_endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not _URL.match(value):
+            raise ValueError("expected an http(s):// URL")
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if value == "localhost":
+            return value
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError("expected an IP address such as '127.0.0.1'") from None
+        return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name in value:
+            if not re.match(r"^[a-z][a-z0-9_]{0,63}$", name):
+                raise ValueError("secret names are lower_snake_case identifiers")
+        return value
+
+    @property
+    def source(self) -> str | None:
+        """Return the file this config was loaded from, if any."""
+        return self._source
+
+    def placeholders(self) -> list[str]:
+        """Return the dotted fields still holding a ``<PLACEHOLDER>`` value."""
+        found: list[str] = []
+
+        def walk(value: Any, path: str) -> None:
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    walk(item, f"{path}.{key}" if path else str(key))
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    walk(item, f"{path}.{i}")
+            elif isinstance(value, str) and _PLACEHOLDER.match(value):
+                found.append(path)
+
+        walk(self.model_dump(exclude={"secrets", "provenance_url"}), "")
+        return found
+
+
+def _expand(value: Any, env: Mapping[str, str], path: str, file: str) -> Any:
+    """Expand ``${VAR}`` in every string of ``value``; a missing variable is an error."""
+    if isinstance(value, dict):
+        return {k: _expand(v, env, f"{path}.{k}" if path else k, file) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, env, f"{path}.{i}", file) for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise SiteInvalid(
+                    f"{file}: field {path}: environment variable {name} is not set",
+                    details={"file": file, "field": path, "expected": f"${{{name}}} set"},
+                )
+            return env[name]
+
+        return _ENV_REF.sub(replace, value)
+    return value
+
+
+def find_site_file(name_or_path: str | os.PathLike[str], search: Sequence[str]) -> Path:
+    """Resolve a site name (``local``) or a path to an existing TOML file."""
+    text = os.fspath(name_or_path)
+    candidate = Path(text)
+    if candidate.suffix == ".toml" or os.sep in text or "/" in text:
+        if candidate.is_file():
+            return candidate
+        raise SiteInvalid(
+            f"{text}: site config file not found",
+            details={"file": text, "field": None, "expected": "an existing TOML file"},
+        )
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", text):
+        raise SiteInvalid(
+            "site name must be letters, digits, '_', '-' or '.'",
+            details={"file": None, "field": "site", "expected": "a site name or a path"},
+        )
+    looked: list[str] = []
+    for folder in search:
+        bases = (
+            [Path(folder)]
+            if Path(folder).is_absolute()
+            else [Path.cwd() / folder, _PROJECT_ROOT / folder]
+        )
+        for base in bases:
+            path = base / f"{text}.toml"
+            looked.append(str(base))
+            if path.is_file():
+                return path
+    raise SiteInvalid(
+        f"site {text!r} not found; looked in {', '.join(dict.fromkeys(looked))}",
+        details={
+            "file": None,
+            "field": "site",
+            "expected": f"{text}.toml in a site-configs folder",
+        },
+    )
+
+
+def load_site(
+    name_or_path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    search: Sequence[str] = DEFAULT_SEARCH,
+) -> SiteConfig:
+    """Load and validate a site config by name or path.
+
+    Args:
+        name_or_path: ``"local"`` (found as ``site-configs/local.toml`` next to the
+            CWD or the project) or a path to a ``.toml`` file.
+        env: Variables for ``${VAR}`` expansion; ``None`` means ``os.environ``.
+        search: Folders to look in for ``<name>.toml``.
+
+    Raises:
+        SiteInvalid: The file is missing, not TOML, or a field is invalid. The
+            message names the file and the dotted field; ``details`` has
+            ``file``, ``field`` and ``expected``.
+    """
+    path = find_site_file(name_or_path, search)
+    file = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SiteInvalid(
+            f"{file}: cannot read the site config ({type(exc).__name__})",
+            details={"file": file, "field": None, "expected": "a readable UTF-8 file"},
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SiteInvalid(
+            f"{file}: not valid TOML ({exc})",
+            details={"file": file, "field": None, "expected": "TOML"},
+        ) from None
+    data = _expand(raw, os.environ if env is None else env, "", file)
+    data.setdefault("name", path.stem)
+    try:
+        site = SiteConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _site_invalid(file, exc) from None
+    site._source = file
+    return site
+
+
+def _site_invalid(file: str, exc: ValidationError) -> SiteInvalid:
+    """Turn pydantic errors into one ``SiteInvalid`` naming fields, never values."""
+    problems: list[dict[str, str]] = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        # A discriminated union puts the chosen tag in the location; drop it.
+        loc = [str(p) for p in error.get("loc", ())]
+        if len(loc) >= 2 and loc[0] == "backend" and loc[1] in {"local", "dask", "radical_pilot"}:
+            loc.pop(1)
+        field = ".".join(loc) or "(top level)"
+        message = error.get("msg", "invalid")
+        if error.get("type") == "extra_forbidden":
+            message = "unknown field"
+        elif error.get("type") == "missing":
+            message = "required field is missing"
+        problems.append({"field": field, "expected": message})
+    first = problems[0] if problems else {"field": "(top level)", "expected": "a valid site"}
+    listed = "; ".join(f"field {p['field']}: {p['expected']}" for p in problems)
+    return SiteInvalid(
+        f"{file}: {listed}",
+        details={
+            "file": file,
+            "field": first["field"],
+            "expected": first["expected"],
+            "errors": problems,
+        },
+    )

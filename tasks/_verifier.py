@@ -1,0 +1,96 @@
+"""Verifier checks: run a cheap simulation on the allocation and judge the proposal by it.
+
+``verifier(...)`` returns an async check for ``acceptance.accept(checks=[...])``.
+A judge that returns a reason rejects the proposal (``Rejected``: the planner
+may try again). A verifier task that does not finish (failed, timeout,
+cancelled) is a failure (``VerifierFailed``), never a rejection: a broken
+verifier must not quietly turn proposals away.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from acceptance import Rejected
+from policies import VerifierFailed
+from tasks._executor import AllocationExecutor
+from tasks._results import TaskSpec
+
+T = TypeVar("T")
+
+_tracer = trace.get_tracer("unattended.tasks")
+
+Judge = Callable[[T, Any], "str | Awaitable[str | None] | None"]
+
+
+def verifier(
+    executor: AllocationExecutor,
+    *,
+    task_for: Callable[[T], TaskSpec | Sequence[TaskSpec]],
+    judge: Judge[T],
+    name: str = "verifier",
+) -> Callable[[T], Awaitable[None]]:
+    """Return an async check that verifies a value with a task on the allocation.
+
+    Args:
+        executor: A started executor.
+        task_for: Builds the verifier task for a value, or a list of tasks (run
+            as one batch; the judge then gets the list of results, in order).
+        judge: Given the value and the finished ``TaskResult`` (or list), returns a reason
+            to reject (``"predicted energy 3.2 above the limit 1.0 at x=0.7"``)
+            or None to pass. Sync or async.
+        name: The check's name in verdicts and the span ``verifier <name>``.
+
+    The check raises ``acceptance.Rejected`` when the judge gives a reason, and
+    ``policies.VerifierFailed`` when the verifier task did not finish.
+    """
+
+    async def check(value: T) -> None:
+        with _tracer.start_as_current_span(
+            f"verifier {name}",
+            kind=SpanKind.INTERNAL,
+            attributes={"unattended.verifier.name": name},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            spec = task_for(value)
+            if isinstance(spec, Sequence):
+                results = await executor.run_batch(spec, key_prefix=f"verifier/{name}")
+                judged: Any = results
+            else:
+                results = [await executor.submit(spec, key=f"verifier/{name}")]
+                judged = results[0]
+            span.set_attribute("unattended.verifier.tasks", len(results))
+            span.set_attribute(
+                "unattended.task.runtime", max((r.runtime for r in results), default=0.0)
+            )
+            broken = next((r for r in results if r.status != "done"), None)
+            if broken is not None:
+                span.set_attribute("error.type", "VerifierFailed")
+                span.set_status(Status(StatusCode.ERROR))
+                raise VerifierFailed(
+                    f"verifier {name!r}: task {broken.key} ended {broken.status} "
+                    f"({broken.error_code})",
+                    details={
+                        "verifier": name,
+                        "task_key": broken.key,
+                        "status": broken.status,
+                        "error_code": broken.error_code,
+                        "exit_code": broken.exit_code,
+                    },
+                )
+            reason: Any = judge(value, judged)
+            if inspect.isawaitable(reason):
+                reason = await reason
+            span.set_attribute("unattended.verifier.passed", reason is None)
+            if reason is not None:
+                raise Rejected(str(reason), check=name)
+
+    check.__name__ = name
+    check.__qualname__ = name
+    return check
