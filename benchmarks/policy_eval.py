@@ -7,6 +7,8 @@ ratios to the 1 ms target:
 * ``mixed``: 14 CEL rules on scalar fields + 6 Python rules (the usual case);
 * ``mixed+candidates``: the same with one CEL rule that reads ``batch.candidates``
   (the candidates are then converted for CEL on every evaluation);
+* ``mixed, firing``: ``mixed`` on a costlier batch near the end of the
+  allocation, so several rules of different severities fire every time;
 * ``python-only``: 20 Python rules, no CEL context at all.
 """
 
@@ -92,16 +94,23 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     ctx = context()
     with_candidates = [*CEL_CONDITIONS[:-1], "batch.candidates.exists(c, c[0] > 2.0)"]
+    costly = ctx.model_copy(
+        update={
+            "batch": ctx.batch.model_copy(update={"node_hours": 900.0}),
+            "walltime_remaining": 600.0,
+        }
+    )
     policies = {
-        "mixed": Policy([*cel_rules(CEL_CONDITIONS), *python_rules(6)]),
-        "mixed+candidates": Policy([*cel_rules(with_candidates), *python_rules(6)]),
-        "python-only": Policy(python_rules(20)),
+        "mixed": (Policy([*cel_rules(CEL_CONDITIONS), *python_rules(6)]), ctx),
+        "mixed+candidates": (Policy([*cel_rules(with_candidates), *python_rules(6)]), ctx),
+        "mixed, firing": (Policy([*cel_rules(CEL_CONDITIONS), *python_rules(6)]), costly),
+        "python-only": (Policy(python_rules(20)), ctx),
     }
-    fired = {name: len(p.evaluate(ctx).fired) for name, p in policies.items()}
+    fired = {name: len(p.evaluate(c).fired) for name, (p, c) in policies.items()}
     print(f"20 rules, {n} evaluations each, 64 candidates x 8 dims, best of 3")
     baseline = None
-    for name, policy in policies.items():
-        us = per_evaluation_us(policy, ctx, n)
+    for name, (policy, round_ctx) in policies.items():
+        us = per_evaluation_us(policy, round_ctx, n)
         baseline = baseline or us
         print(
             f"{name:>18}: {us:8.1f} µs/evaluation  "
