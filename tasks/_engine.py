@@ -152,7 +152,9 @@ async def _dask_backend(site: SiteConfig, spec: DaskBackend) -> EngineParts:
             n_workers=spec.n_workers,
             threads_per_worker=spec.threads_per_worker,
             host=site.listen,
-            dashboard_address=None,
+            # None would still bind the scheduler's HTTP server to port 8787 (and
+            # warn when it is taken); port 0 on the listen host picks a free one.
+            dashboard_address=f"[{site.listen}]:0" if ":" in site.listen else f"{site.listen}:0",
             asynchronous=True,
         )
         closers.append(cluster.close)

@@ -405,10 +405,17 @@ def _site_invalid(file: str, exc: ValidationError) -> SiteInvalid:
             loc.pop(1)
         field = ".".join(loc) or "(top level)"
         message = error.get("msg", "invalid")
-        if error.get("type") == "extra_forbidden":
+        kind = error.get("type")
+        if kind in {"union_tag_invalid", "union_tag_not_found"}:
+            # pydantic's message would repeat the bad tag; name the choices instead.
+            field = f"{field}.kind"
+            message = "expected kind 'local', 'dask' or 'radical_pilot'"
+        elif kind == "extra_forbidden":
             message = "unknown field"
-        elif error.get("type") == "missing":
+        elif kind == "missing":
             message = "required field is missing"
+        elif kind == "value_error":
+            message = message.removeprefix("Value error, ")
         problems.append({"field": field, "expected": message})
     first = problems[0] if problems else {"field": "(top level)", "expected": "a valid site"}
     listed = "; ".join(f"field {p['field']}: {p['expected']}" for p in problems)
