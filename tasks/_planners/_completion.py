@@ -47,18 +47,18 @@ def parse_completion(body: Any, *, max_tokens: int | None = None) -> Proposal:
             f"the answer was cut off{limit}; keep the rationale short", check="truncation"
         )
     content = message.get("content")
-    if content is None or (isinstance(content, str) and not content.strip()):
-        raise Rejected("the answer was empty; reply with the JSON object", check="schema")
-    if not isinstance(content, str):
+    if content is not None and not isinstance(content, str):
         raise ProviderError(
             "malformed chat-completions response: message.content is not a string",
             details={"field": "choices[0].message.content"},
         )
-    if len(content) > MAX_ANSWER_CHARS:
+    if content is not None and len(content) > MAX_ANSWER_CHARS:
         raise Rejected(
             f"the answer has {len(content)} characters; the limit is {MAX_ANSWER_CHARS}",
             check="schema",
         )
+    if content is None or not content.strip():
+        raise Rejected("the answer was empty; reply with the JSON object", check="schema")
     try:
         proposal = Proposal.model_validate_json(_unfenced(content))
     except ValidationError as exc:
@@ -73,7 +73,8 @@ def validation_reason(exc: ValidationError) -> str:
     """Describe a ``ValidationError`` by field path and message, without the input."""
     parts = []
     for error in exc.errors(include_url=False, include_input=False, include_context=False)[:5]:
-        location = ".".join(str(p) for p in error.get("loc", ())) or "answer"
+        # A location can hold a key the model invented: keep it short.
+        location = ".".join(str(p)[:40] for p in error.get("loc", ()))[:120] or "answer"
         parts.append(f"{location}: {error.get('msg', 'invalid')}")
     if exc.error_count() > 5:
         parts.append(f"and {exc.error_count() - 5} more errors")
