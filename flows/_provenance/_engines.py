@@ -2,20 +2,23 @@
 
 SQLite is the default: the file is created with mode 0600 (parent directory
 created) before SQLAlchemy touches it, runs in WAL mode with foreign keys on,
-and every write transaction starts with ``BEGIN IMMEDIATE`` so writers queue on
-the busy timeout instead of failing on a lock upgrade half-way through.
-Readers open the file read-only, so inspecting never creates or changes files.
+and every write transaction (:func:`begin_write`) starts with ``BEGIN
+IMMEDIATE`` so writers queue on the busy timeout instead of failing on a lock
+upgrade half-way through. Readers open the file read-only, so inspecting never
+creates or changes files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from flows._provenance._errors import ProvenanceDatabaseError
@@ -25,6 +28,8 @@ DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Milliseconds a SQLite connection waits on a lock before SQLITE_BUSY.
 BUSY_TIMEOUT_MS = 30_000
+# Execution option marking a transaction that writes (SQLite begins it IMMEDIATE).
+WRITE_OPTION = "provenance_write"
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,15 @@ def check_sqlite_file(path: Path) -> None:
         )
 
 
+@contextlib.contextmanager
+def begin_write(engine: Engine) -> Iterator[Connection]:
+    """Open a connection and a write transaction on it (IMMEDIATE on SQLite)."""
+    with engine.connect() as connection:
+        connection.execution_options(**{WRITE_OPTION: True})
+        with connection.begin():
+            yield connection
+
+
 def _create_private_file(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
@@ -127,8 +141,10 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         # Writers take the write lock up front: a deferred transaction that reads
-        # and then writes can hit SQLITE_BUSY that no timeout resolves.
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        # and then writes can hit SQLITE_BUSY that no timeout resolves. Readers stay
+        # deferred so they never queue behind (or block) a writer.
+        writes = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
     return engine
 
@@ -149,7 +165,12 @@ def open_engine(location: Location, *, read_only: bool) -> Engine:
         check_sqlite_file(path)
         # URI filenames need percent-encoding ('?' or '#' in a directory name).
         uri_path = urllib.parse.quote(str(path))
-        return _sqlite_engine(f"sqlite:///file:{uri_path}?mode=ro&uri=true", read_only=True)
+        # Without a write-ahead log no writer has the file open (the last one to close
+        # removes it), and opening it "immutable" creates no -wal/-shm beside it; with a
+        # log, a live run is writing and its files are already there.
+        live = Path(f"{path}-wal").exists()
+        mode = "mode=ro" if live else "immutable=1"
+        return _sqlite_engine(f"sqlite:///file:{uri_path}?{mode}&uri=true", read_only=True)
     if path.exists():
         if path.is_dir():
             raise ProvenanceDatabaseError(

@@ -13,7 +13,7 @@ from typing import Final
 
 from sqlalchemy import Connection, Engine, inspect, text
 
-from flows._provenance._engines import Location
+from flows._provenance._engines import Location, begin_write
 from flows._provenance._errors import ProvenanceDatabaseError
 
 # Every revision this code knows, oldest first; a test pins this to Alembic's view.
@@ -70,7 +70,7 @@ def check_readable(connection: Connection, location: Location) -> None:
 
 def upgrade(engine: Engine, location: Location, *, target: str = HEAD_REVISION) -> None:
     """Upgrade the database at ``engine`` to ``target`` (head by default)."""
-    with engine.begin() as connection:
+    with begin_write(engine) as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
         revision = current_revision(connection, location)

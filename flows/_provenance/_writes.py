@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, Table, select
 from sqlalchemy.exc import OperationalError
 
-from flows._provenance._engines import Location
+from flows._provenance._engines import Location, begin_write
 from flows._provenance._rows import now
 from flows._provenance._schema import Campaign, Round, table
 from policies import NotFound, ValidationFailed
@@ -42,7 +42,7 @@ def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
     delay = 0.005
     for attempt in range(1, _MAX_TRIES + 1):
         try:
-            with engine.begin() as connection:
+            with begin_write(engine) as connection:
                 return work(connection)
         except OperationalError as exc:
             if attempt == _MAX_TRIES or not _is_transient(exc):

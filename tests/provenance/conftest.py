@@ -151,3 +151,9 @@ def fill_campaign(store: Any, name: str = "demo", rounds: int = 2) -> None:
 def record_campaign() -> Any:
     """Return :func:`fill_campaign`, for tests that need a populated database."""
     return fill_campaign
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> dict[str, Any]:
+    """Return the helpers that create and drop uniquely named PostgreSQL databases."""
+    return {"create": create_pg_database, "drop": drop_pg_database}
