@@ -1,0 +1,70 @@
+"""A campaign end to end: real Prefect server, real runner, real executables, real database."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flows._provenance import ProvenanceStore
+from flows._service import CampaignService, approve_run, read_run, submit_campaign
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+
+def demo_copy(tmp_path: Path, spec: str, **replace: str) -> Path:
+    """Copy the demo campaign into ``tmp_path`` (its own name per test), return the spec path."""
+    for item in EXAMPLES.iterdir():
+        shutil.copy(item, tmp_path / item.name)
+    path = tmp_path / spec
+    text = path.read_text()
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+async def state_of(flow_run_id) -> str:
+    return (await read_run(flow_run_id)).state.type.value
+
+
+class TestCampaignCompletes:
+    async def test_the_demo_campaign_completes_with_everything_recorded(
+        self, prefect_server, tmp_path
+    ):
+        spec = demo_copy(tmp_path, "campaign.toml", **{'name = "demo"': 'name = "e2e-complete"'})
+        home = tmp_path / "home"
+        submitted = await submit_campaign(spec, state_dir=home)
+        service = CampaignService(query_seconds=0.5)
+        await service.run_once()
+        assert await state_of(submitted.flow_run_id) == "COMPLETED"
+        store = ProvenanceStore.open(home / "campaigns" / "e2e-complete")
+        summary = store.summary("e2e-complete")
+        store.close()
+        assert summary["campaign"]["status"] == "completed"
+
+
+class TestApproval:
+    async def test_suspends_then_resumes_through_the_resume_api_and_completes(
+        self, prefect_server, tmp_path
+    ):
+        spec = demo_copy(
+            tmp_path, "campaign-approval.toml", **{'name = "demo-approval"': 'name = "e2e-approve"'}
+        )
+        home = tmp_path / "home"
+        submitted = await submit_campaign(spec, state_dir=home)
+        service = CampaignService(query_seconds=0.5)
+        await service.run_once()
+        assert await state_of(submitted.flow_run_id) == "PAUSED"
+        await approve_run(submitted.flow_run_id, approver="alice", comment="looks fine")
+        await service.run_once()
+        assert await state_of(submitted.flow_run_id) == "COMPLETED"
+        store = ProvenanceStore.open(home / "campaigns" / "e2e-approve")
+        approval = store.find_approval("e2e-approve-r2-c1")
+        store.close()
+        assert approval.decision == "approved"
+        assert approval.decided_by == "alice"
+        assert approval.flow_run_id == str(submitted.flow_run_id)
