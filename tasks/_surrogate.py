@@ -67,6 +67,7 @@ class GaussianProcess:
         self.skipped = 0
         self._points: Array = np.empty((0, 0))
         self._values: Array = np.empty(0)
+        self._cached: _Fit | None = None
 
     def __repr__(self) -> str:
         return (
@@ -105,6 +106,7 @@ class GaussianProcess:
         if bad.size:
             raise ValueError(f"point {int(bad[0])} has a non-finite coordinate")
         keep = np.isfinite(y)
+        self._cached = None
         skipped = int((~keep).sum())
         self.skipped += skipped
         if self.dim is None:
@@ -124,8 +126,10 @@ class GaussianProcess:
             return np.zeros(len(x)), np.ones(len(x))
         if x.shape[1] != self.dim:
             raise ValueError(f"points have {x.shape[1]} coordinates; the surrogate has {self.dim}")
-        fit = _Fit(self._points, self._standardised(), self._length(), self.noise)
-        mean, std = fit.predict(x)
+        fit = self._fit()
+        mean = fit.mean(x)
+        rows = fit.whitened(x)
+        std = np.sqrt(np.clip(1.0 - np.einsum("ij,ij->j", rows, rows), 1e-12, None))
         scale, offset = self._scale()
         return mean * scale + offset, std * scale
 
@@ -153,15 +157,22 @@ class GaussianProcess:
         return self._believer_batch(pool, count)
 
     def _believer_batch(self, pool: Array, count: int) -> list[list[float]]:
-        """Pick ``count`` distinct pool points by LCB, each believed at its mean."""
-        length = self._length()
-        x = self._points
-        y = self._standardised()
-        taken: set[tuple[float, ...]] = {_key(row) for row in x}
+        """Pick ``count`` distinct pool points by LCB, each believed at its mean.
+
+        Observing a pick at its posterior mean leaves the mean unchanged
+        everywhere and only shrinks the variance, so each pick adds one row to
+        the whitened cross-covariance (a one-row Cholesky extension) instead of
+        refitting the model.
+        """
+        fit = self._fit()
+        mean = fit.mean(pool)
+        rows = fit.whitened(pool)
+        variance = 1.0 - np.einsum("ij,ij->j", rows, rows)
+        taken: set[tuple[float, ...]] = {_key(row) for row in self._points}
         available = np.ones(len(pool), dtype=bool)
         chosen: list[Array] = []
         while len(chosen) < count and available.any():
-            mean, std = _Fit(x, y, length, self.noise).predict(pool)
+            std = np.sqrt(np.clip(variance, 1e-12, None))
             score = np.where(available, mean - self.kappa * std, np.inf)
             index = int(np.argmin(score))
             available[index] = False
@@ -171,8 +182,11 @@ class GaussianProcess:
                 continue
             taken.add(key)
             chosen.append(point)
-            x = np.vstack([x, point])
-            y = np.append(y, mean[index])
+            column = rows[:, index]
+            pivot = math.sqrt(max(1.0 + fit.jitter - float(column @ column), 1e-12))
+            row = (_rbf(pool, point[None, :], fit.length)[:, 0] - column @ rows) / pivot
+            rows = np.vstack([rows, row])
+            variance = variance - row * row
         return _to_lists(np.asarray(chosen))
 
     def _scale(self) -> tuple[float, float]:
@@ -184,20 +198,31 @@ class GaussianProcess:
         scale, offset = self._scale()
         return (self._values - offset) / scale
 
-    def _length(self) -> float:
-        """Return the fixed length scale, or the grid value with the best marginal likelihood."""
+    def _fit(self) -> _Fit:
+        """Return the fit at the fixed length scale, or the grid's most likely one (cached)."""
+        if self._cached is not None:
+            return self._cached
+        y = self._standardised()
         if self.length_scale is not None:
-            return self.length_scale
+            self._cached = _Fit(self._points, y, self.length_scale, self.noise)
+            return self._cached
         spread = float(np.ptp(self._points, axis=0).mean()) if len(self._values) > 1 else 0.0
         spread = spread if spread > 0 else 1.0
-        y = self._standardised()
-        best, best_score = spread, -np.inf
+        best: _Fit | None = None
+        best_score = -np.inf
         for factor in _LENGTH_GRID:
-            length = spread * factor
-            score = _Fit(self._points, y, length, self.noise).log_marginal_likelihood()
-            if score > best_score:
-                best, best_score = length, score
+            fit = _Fit(self._points, y, spread * factor, self.noise)
+            score = fit.log_marginal_likelihood()
+            if best is None or score > best_score:
+                best, best_score = fit, score
+        assert best is not None  # the grid is not empty
+        self._cached = best
         return best
+
+    @property
+    def fitted_length_scale(self) -> float | None:
+        """Return the length scale in use, or None before any observation."""
+        return self._fit().length if len(self._values) else None
 
     def to_state(self) -> dict[str, Any]:
         """Return the settings and observations as JSON-ready plain lists of floats."""
@@ -274,14 +299,19 @@ class _Fit:
                 jitter *= 10.0
         else:
             raise np.linalg.LinAlgError("kernel matrix is not positive definite")
+        self.jitter = jitter
         self.alpha = _solve(self.factor, y)
 
-    def predict(self, points: Array) -> tuple[Array, Array]:
-        cross = _rbf(points, self.x, self.length)
-        mean = cross @ self.alpha
-        v = np.linalg.solve(self.factor, cross.T)
-        variance = np.clip(1.0 - np.einsum("ij,ij->j", v, v), 1e-12, None)
-        return mean, np.sqrt(variance)
+    def mean(self, points: Array) -> Array:
+        """Return the posterior mean (standardised units) at ``points``."""
+        mean: Array = _rbf(points, self.x, self.length) @ self.alpha
+        return mean
+
+    def whitened(self, points: Array) -> Array:
+        """Return ``L^-1 K(X, points)``; the posterior variance is ``1 - sum(rows^2)``."""
+        return np.asarray(
+            np.linalg.solve(self.factor, _rbf(self.x, points, self.length)), dtype=np.float64
+        )
 
     def log_marginal_likelihood(self) -> float:
         return float(

@@ -133,6 +133,32 @@ class TestPropose:
         batch = model.propose(4, narrow, seed=0)
         assert sorted(round(p[0], 10) for p in batch) == [0.0, 2e-10]
 
+    def test_batch_equals_refitting_after_each_believed_pick(self) -> None:
+        from tasks._surrogate import _Fit  # the reference computation refits by hand
+
+        model = _trained(30, pool_size=256)
+        fast = model.propose(6, UNIT2, seed=4)
+        pool = np.random.default_rng(4).random((256, 2))
+        fit = model._fit()
+        x, y = model._points, model._standardised()
+        chosen: list[list[float]] = []
+        available = np.ones(len(pool), dtype=bool)
+        while len(chosen) < 6:
+            refit = _Fit(x, y, fit.length, model.noise)
+            mean, rows = refit.mean(pool), refit.whitened(pool)
+            std = np.sqrt(np.clip(1.0 - (rows * rows).sum(0), 1e-12, None))
+            index = int(np.argmin(np.where(available, mean - model.kappa * std, np.inf)))
+            available[index] = False
+            chosen.append(pool[index].tolist())
+            x, y = np.vstack([x, pool[index]]), np.append(y, mean[index])
+        assert fast == chosen
+
+    def test_new_observations_change_the_next_batch(self) -> None:
+        model = _trained(10)
+        before = model.propose(4, UNIT2, seed=0)
+        model.assimilate([[0.9, 0.9]], [-5.0])
+        assert model.propose(4, UNIT2, seed=0) != before
+
     def test_count_below_one_is_refused(self) -> None:
         with pytest.raises(ValueError, match="count must be at least 1"):
             GaussianProcess().propose(0, UNIT2, seed=0)
