@@ -19,6 +19,7 @@ from flows._provenance._rows import (
 )
 from flows._provenance._schema import (
     APPROVAL_DECISIONS,
+    TASK_STATUSES,
     Approval,
     ApprovalEvent,
     Batch,
@@ -198,6 +199,7 @@ class ApprovalAndBatchWrites(StoreBase):
             rows = []
             for item in items:
                 values = {name: field(item, name) for name in TASK_RESULT_FIELDS}
+                check_choice(values["status"], TASK_STATUSES, "status")
                 task_index = int(values.pop("index"))
                 value = jsonable(values["value"])
                 rows.append(

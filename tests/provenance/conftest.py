@@ -7,7 +7,6 @@ per test; every database created here is dropped at the end.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-PG_ADMIN = os.environ.get("UNATTENDED_TEST_PG_ADMIN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
+PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 
 
@@ -103,48 +102,112 @@ def fill_campaign(store: Any, name: str = "demo", rounds: int = 2) -> None:
     for index in range(rounds):
         store.start_round(name, index)
         call = store.record_gate_call(
-            name, index, 0, gate="planner", budget=3, fallback_hash=f"h{index}",
+            name,
+            index,
+            0,
+            gate="planner",
+            budget=3,
+            fallback_hash=f"h{index}",
             fallback_value=[[0.5, 0.5]],
         )
-        store.record_attempt(call, Attempt(
-            number=1, value={"x": [9.0]}, rejected_by="bounds", reason="x[0] above 1.0",
-            verdicts=(Verdict("schema", True, None, 0.001),
-                      Verdict("bounds", False, "x[0] above 1.0", 0.002)),
-            duration=0.01,
-        ))
-        store.record_attempt(call, Attempt(
-            number=2, value={"x": [0.25]}, verdicts=(Verdict("schema", True, None, 0.001),),
-            scores={"novelty": 0.5}, duration=0.02, trace_id="ab" * 16, span_id="cd" * 8,
-        ))
+        store.record_attempt(
+            call,
+            Attempt(
+                number=1,
+                value={"x": [9.0]},
+                rejected_by="bounds",
+                reason="x[0] above 1.0",
+                verdicts=(
+                    Verdict("schema", True, None, 0.001),
+                    Verdict("bounds", False, "x[0] above 1.0", 0.002),
+                ),
+                duration=0.01,
+            ),
+        )
+        store.record_attempt(
+            call,
+            Attempt(
+                number=2,
+                value={"x": [0.25]},
+                verdicts=(Verdict("schema", True, None, 0.001),),
+                scores={"novelty": 0.5},
+                duration=0.02,
+                trace_id="ab" * 16,
+                span_id="cd" * 8,
+            ),
+        )
         store.finish_gate_call(call, "accepted", 2)
-        store.record_decision(name, index, 0, {
-            "outcome": "suspend" if index == 1 else "continue", "reason": "node hours",
-            "code": None, "rules_fired": ["big_batch"] if index == 1 else [],
-        })
+        store.record_decision(
+            name,
+            index,
+            0,
+            {
+                "outcome": "suspend" if index == 1 else "continue",
+                "reason": "node hours",
+                "code": None,
+                "rules_fired": ["big_batch"] if index == 1 else [],
+            },
+        )
         if index == 1:
             key = f"{name}-r1-approval"
             store.record_approval_request(
-                name, index, key=key, rule="big_batch", approvers=["alice"],
-                description="64 node hours", flow_run_id="run-1",
+                name,
+                index,
+                key=key,
+                rule="big_batch",
+                approvers=["alice"],
+                description="64 node hours",
+                flow_run_id="run-1",
             )
-            store.record_approval_event(key, decided_by="mallory", decision="approved",
-                                        allowed=False)
-            store.record_approval_event(key, decided_by="alice", decision="approved",
-                                        comment="go", allowed=True)
+            store.record_approval_event(
+                key, decided_by="mallory", decision="approved", allowed=False
+            )
+            store.record_approval_event(
+                key, decided_by="alice", decision="approved", comment="go", allowed=True
+            )
         batch = f"{name}-r{index}-batch"
-        store.record_batch_launched(batch, campaign=name, round_index=index,
-                                    candidates=[[0.25], [0.75]], backend="local")
-        store.record_batch_results(batch, [
-            {"index": 0, "key": f"{batch}-0", "status": "done", "value": 1.5 - index,
-             "runtime": 0.1, "host": "node1", "exit_code": 0, "stderr_tail": "",
-             "attempts": 1, "error_code": None, "retries": []},
-            {"index": 1, "key": f"{batch}-1", "status": "failed", "value": None,
-             "runtime": 0.2, "host": "node2", "exit_code": 3, "stderr_tail": "boom",
-             "attempts": 2, "error_code": "task_failed", "retries": [{"attempt": 1}]},
-        ])
-        store.checkpoint_round(name, index, surrogate_state={"n": index + 1},
-                               policy_state={"spent": index}, planner_state=None,
-                               status="completed")
+        store.record_batch_launched(
+            batch, campaign=name, round_index=index, candidates=[[0.25], [0.75]], backend="local"
+        )
+        store.record_batch_results(
+            batch,
+            [
+                {
+                    "index": 0,
+                    "key": f"{batch}-0",
+                    "status": "done",
+                    "value": 1.5 - index,
+                    "runtime": 0.1,
+                    "host": "node1",
+                    "exit_code": 0,
+                    "stderr_tail": "",
+                    "attempts": 1,
+                    "error_code": None,
+                    "retries": [],
+                },
+                {
+                    "index": 1,
+                    "key": f"{batch}-1",
+                    "status": "failed",
+                    "value": None,
+                    "runtime": 0.2,
+                    "host": "node2",
+                    "exit_code": 3,
+                    "stderr_tail": "boom",
+                    "attempts": 2,
+                    "error_code": "task_failed",
+                    "retries": [{"attempt": 1}],
+                },
+            ],
+        )
+        store.checkpoint_round(
+            name,
+            index,
+            surrogate_state={"n": index + 1},
+            policy_state={"spent": index},
+            planner_state=None,
+            status="completed",
+        )
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from flows._provenance import ProvenanceDatabaseError, ProvenanceStore
 from flows._provenance._engines import resolve
@@ -23,7 +24,9 @@ class TestResolve:
         assert resolve(tmp_path).path == tmp_path / "provenance.db"
 
     def test_a_missing_path_without_a_suffix_is_a_campaign_directory(self, tmp_path: Path) -> None:
-        assert resolve(tmp_path / "campaigns" / "c1").path == tmp_path / "campaigns/c1/provenance.db"
+        assert (
+            resolve(tmp_path / "campaigns" / "c1").path == tmp_path / "campaigns/c1/provenance.db"
+        )
 
     def test_a_db_suffix_is_a_file(self, tmp_path: Path) -> None:
         assert resolve(tmp_path / "x.db").path == tmp_path / "x.db"
@@ -105,7 +108,10 @@ class TestReadOnly:
 
     def test_a_read_only_store_cannot_write(self, tmp_path: Path) -> None:
         ProvenanceStore.open(tmp_path).close()
-        with ProvenanceStore.open(tmp_path, read_only=True) as store, pytest.raises(Exception):
+        with (
+            ProvenanceStore.open(tmp_path, read_only=True) as store,
+            pytest.raises(OperationalError, match="readonly"),
+        ):
             store.ensure_campaign("c", spec={}, site="s", seed=1, code_version="v")
         with ProvenanceStore.open(tmp_path, read_only=True) as store:
             assert store.campaigns() == []

@@ -72,8 +72,10 @@ class TestUpgrade:
         with ProvenanceStore.open(empty_db) as store:
             store.ensure_campaign("old", spec={}, site="s", seed=1, code_version="v")
         with ProvenanceStore.open(empty_db) as store, store.engine.connect() as connection:
-            assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() \
+            assert (
+                connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
                 == HEAD_REVISION
+            )
             indexes = {ix["name"] for ix in inspect(connection).get_indexes("task_result")}
             assert "ix_task_result_batch_objective" in indexes
             assert [c["name"] for c in store.campaigns()] == ["old"]
