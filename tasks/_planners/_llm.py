@@ -72,6 +72,8 @@ class LLMPlanner:
             raise ValueError("count must be at least 1")
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError("timeout must be a positive number of seconds")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError("temperature must be a non-negative number")
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         self.url = base_url.rstrip("/") + "/chat/completions"
