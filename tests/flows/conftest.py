@@ -106,3 +106,17 @@ def prefect_postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         stop_server(config)
         with psycopg.connect(_PG_ADMIN_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+@pytest.fixture
+def prefect_postgres_api(
+    prefect_postgres_server: ServerHandle, tmp_path: Path
+) -> Iterator[ServerHandle]:
+    """Point this process (and processes it spawns) at the PostgreSQL-backed server."""
+    env = client_env(prefect_postgres_server)
+    env["PREFECT_LOCAL_STORAGE_PATH"] = str(tmp_path / "prefect-results")
+    saved = _apply_env(env)
+    try:
+        yield prefect_postgres_server
+    finally:
+        _restore_env(saved)
