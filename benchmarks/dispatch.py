@@ -1,0 +1,253 @@
+"""Dispatch throughput of the AllocationExecutor against the plain ways of doing the same work.
+
+Measured side by side in one run, with the ratios the design is held to:
+
+* 10,000 trivial function tasks: executor on ``local`` (thread and process pools)
+  vs plain asyncflow thread-pool submission (target: executor >= 5x faster) vs
+  plain ``concurrent.futures`` on the same pool (target: within 4x);
+* peak RSS of a process running the 10k batch through the executor (target < 300 MB);
+* 2,000 ``/bin/true`` executables under ``ulimit -n 1024`` (target: zero failures);
+* 1,000 tasks on a 2-worker Dask LocalCluster: executor vs raw ``client.submit``
+  (target: within 2.5x).
+
+    python benchmarks/dispatch.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import operator
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+WORKERS = 4
+
+
+def trivial(i: int) -> int:
+    return i
+
+
+def site(kind: str, **extra: Any) -> Any:
+    from tasks import SiteConfig
+
+    backend: dict[str, Any]
+    if kind == "dask":
+        backend = {"kind": "dask", "scheduler_address": extra.pop("address")}
+    else:
+        backend = {"kind": "local", "executor": kind, "max_workers": WORKERS}
+    return SiteConfig.model_validate(
+        {
+            "name": f"bench-{kind}",
+            "backend": backend,
+            "cost": {"node_hours_per_simulation": 1.0},
+            "max_concurrency": extra.pop("max_concurrency", 256),
+            "retries": 0,
+        }
+    )
+
+
+async def executor_seconds(kind: str, n: int) -> float:
+    """Time ``n`` trivial tasks through ``AllocationExecutor.run_batch`` on a warm pool."""
+    from tasks import AllocationExecutor, FunctionTask
+
+    async with AllocationExecutor.from_site(site(kind)) as executor:
+        await executor.run_batch(
+            [FunctionTask(trivial, (i,)) for i in range(WORKERS * 4)], key_prefix="warm"
+        )
+        tasks = [FunctionTask(trivial, (i,)) for i in range(n)]
+        started = time.perf_counter()
+        results = await executor.run_batch(tasks, key_prefix="bench/0/b")
+        elapsed = time.perf_counter() - started
+    assert all(r.status == "done" for r in results)
+    return elapsed
+
+
+async def asyncflow_seconds(n: int) -> float:
+    """Time ``n`` trivial tasks submitted all at once to a plain asyncflow thread-pool engine."""
+    from radical.asyncflow import LocalExecutionBackend, WorkflowEngine
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    backend = await LocalExecutionBackend(ThreadPoolExecutor(max_workers=WORKERS))
+    engine = await WorkflowEngine.create(backend=backend)
+
+    @engine.function_task
+    async def trivial_task(i: int) -> int:
+        return i
+
+    started = time.perf_counter()
+    values = await asyncio.gather(*[trivial_task(i) for i in range(n)])
+    elapsed = time.perf_counter() - started
+    await engine.shutdown()
+    loop = asyncio.get_running_loop()
+    for sig, handler in saved.items():  # asyncflow leaves its handlers installed
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, handler)
+    assert values == list(range(n))
+    return elapsed
+
+
+def futures_seconds(pool: Executor, n: int) -> float:
+    """Time ``n`` trivial tasks submitted to a warm ``concurrent.futures`` pool."""
+    list(pool.map(trivial, range(WORKERS * 4)))
+    started = time.perf_counter()
+    futures = [pool.submit(trivial, i) for i in range(n)]
+    values = [f.result() for f in futures]
+    elapsed = time.perf_counter() - started
+    assert values == list(range(n))
+    return elapsed
+
+
+def child(args: list[str]) -> None:
+    """Run one measurement in this (fresh) process and print it as JSON."""
+    what = args[0]
+    if what == "rss":
+        n = int(args[1])
+        elapsed = asyncio.run(executor_seconds("thread", n))
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(json.dumps({"seconds": elapsed, "peak_mb": peak_kb / 1024}))
+    elif what == "true":
+        n = int(args[1])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        from tasks import AllocationExecutor, ExecutableTask
+
+        async def run() -> tuple[float, int, int]:
+            async with AllocationExecutor.from_site(site("thread", max_concurrency=2000)) as ex:
+                started = time.perf_counter()
+                results = await ex.run_batch(
+                    [ExecutableTask(["/bin/true"]) for _ in range(n)], key_prefix="true"
+                )
+                return (
+                    time.perf_counter() - started,
+                    sum(r.status != "done" for r in results),
+                    ex.executable_concurrency,
+                )
+
+        elapsed, failures, slots = asyncio.run(run())
+        print(json.dumps({"seconds": elapsed, "failures": failures, "slots": slots}))
+
+
+def in_child(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"child {args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def dask_seconds(n: int) -> tuple[float, float]:
+    """Time the same ``n``-task batch through the executor and through raw ``client.submit``."""
+    import distributed
+
+    from tasks import AllocationExecutor, FunctionTask
+
+    async with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+        asynchronous=True,
+    ) as cluster:
+        async with distributed.Client(cluster, asynchronous=True) as client:
+            await client.gather(
+                [client.submit(operator.add, i, 0, key=f"warm-{i}") for i in range(20)]
+            )
+            started = time.perf_counter()
+            futures = [
+                client.submit(operator.add, i, 1, key=f"raw-{uuid.uuid4().hex}") for i in range(n)
+            ]
+            raw_values = await client.gather(futures)
+            raw = time.perf_counter() - started
+        assert raw_values == [i + 1 for i in range(n)]
+        async with AllocationExecutor.from_site(
+            site("dask", address=cluster.scheduler_address)
+        ) as executor:
+            started = time.perf_counter()
+            results = await executor.run_batch(
+                [FunctionTask(operator.add, (i, 1)) for i in range(n)], key_prefix="dask"
+            )
+            ours = time.perf_counter() - started
+        assert [r.value for r in results] == [i + 1 for i in range(n)]
+    return ours, raw
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller sizes (2k functions, 500 executables, 300 Dask tasks)",
+    )
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    n_functions, n_true, n_dask = (2_000, 500, 300) if args.quick else (10_000, 2_000, 1_000)
+
+    print(f"machine: {os.cpu_count()} CPUs; pools of {WORKERS} workers")
+    ours_thread = asyncio.run(executor_seconds("thread", n_functions))
+    ours_process = asyncio.run(executor_seconds("process", n_functions))
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        cf_thread = futures_seconds(pool, n_functions)
+    with ProcessPoolExecutor(max_workers=WORKERS) as pool:
+        cf_process = futures_seconds(pool, n_functions)
+    plain_asyncflow = asyncio.run(asyncflow_seconds(n_functions))
+
+    print(f"\n{n_functions} trivial function tasks (seconds, tasks/s):")
+    for label, seconds in [
+        ("executor, local thread pool", ours_thread),
+        ("executor, local process pool", ours_process),
+        ("concurrent.futures thread pool", cf_thread),
+        ("concurrent.futures process pool", cf_process),
+        ("plain asyncflow thread pool", plain_asyncflow),
+    ]:
+        print(f"  {label:34s} {seconds:8.3f} s  {n_functions / seconds:10.0f}/s")
+    speedup = plain_asyncflow / ours_thread
+    ok = verdict(speedup >= 5)
+    print(f"  plain asyncflow / executor (thread)      {speedup:6.1f}x  target >= 5x   {ok}")
+    for label, ours, plain in [
+        ("thread", ours_thread, cf_thread),
+        ("process", ours_process, cf_process),
+    ]:
+        ratio = ours / plain
+        ok = verdict(ratio <= 4)
+        print(f"  executor / concurrent.futures ({label:7s}) {ratio:6.2f}x  target <= 4x   {ok}")
+
+    rss = in_child("rss", str(n_functions))
+    print(
+        f"\npeak RSS of a process running {n_functions} tasks through the executor: "
+        f"{rss['peak_mb']:.0f} MB  target < 300 MB   {verdict(rss['peak_mb'] < 300)}"
+    )
+
+    true = in_child("true", str(n_true))
+    print(
+        f"\n{n_true} /bin/true under ulimit -n 1024: {true['failures']} failures, "
+        f"{true['seconds']:.2f} s ({n_true / true['seconds']:.0f}/s), {true['slots']} at once   "
+        f"{verdict(true['failures'] == 0)}"
+    )
+
+    ours_dask, raw_dask = asyncio.run(dask_seconds(n_dask))
+    ratio = ours_dask / raw_dask
+    print(
+        f"\n{n_dask} tasks on a 2-worker Dask LocalCluster: executor {ours_dask:.2f} s, "
+        f"raw client.submit {raw_dask:.2f} s, ratio {ratio:.2f}x  target <= 2.5x   "
+        f"{verdict(ratio <= 2.5)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
