@@ -98,6 +98,15 @@ def _fail(command: str, message: str) -> int:
     return _EXIT_BAD_INPUT
 
 
+def _closed_pipe() -> int:
+    # The reader went away (``| head``): stop quietly, and keep Python from
+    # complaining again when it flushes stdout at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from flows._provenance import _render as render
 
@@ -116,6 +125,8 @@ def _inspect(args: argparse.Namespace) -> int:
             else:
                 data = store.round_view(args.campaign, args.round_index)
                 render.show(data, render.print_round, as_json=args.json)
+    except BrokenPipeError:
+        return _closed_pipe()
     except render.BAD_INPUT as exc:
         return _fail("inspect", render.describe(exc))
     return 0
@@ -133,6 +144,8 @@ def _export(args: argparse.Namespace) -> int:
             render.export(
                 store, args.campaign, fmt=args.format, records=records, output=args.output
             )
+    except BrokenPipeError:
+        return _closed_pipe()
     except render.BAD_INPUT as exc:
         return _fail("export", render.describe(exc))
     return 0

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
-from flows._provenance._rows import field, jsonable, now
+from flows._provenance._rows import jsonable, now
 from flows._provenance._schema import DISPOSITIONS, AttemptRow, GateCall, PolicyDecision, table
 from flows._provenance._writes import (
     StoreBase,
@@ -35,21 +36,30 @@ _DECISION_FIELDS = (
 
 
 def _attempt_values(gate_call_id: int, attempt: Any) -> dict[str, Any]:
-    data = attempt.model_dump(mode="json") if hasattr(attempt, "model_dump") else dict(attempt)
+    if hasattr(attempt, "model_dump_json"):
+        # pydantic's serializer already writes strict JSON (NaN/inf as strings): reuse it.
+        data = json.loads(attempt.model_dump_json())
+    else:
+        data = jsonable(dict(attempt))
     if not isinstance(data.get("number"), int):
         raise ValidationFailed("attempt.number must be an integer", details={"field": "number"})
     verdicts = [
-        {k: field(v, k) for k in ("check", "passed", "reason", "duration")}
+        {
+            "check": v.get("check"),
+            "passed": v.get("passed"),
+            "reason": v.get("reason"),
+            "duration": v.get("duration"),
+        }
         for v in data.get("verdicts") or ()
     ]
     return {
         "gate_call_id": gate_call_id,
         "number": data["number"],
-        "value": jsonable(data.get("value")),
+        "value": data.get("value"),
         "rejected_by": data.get("rejected_by"),
         "reason": data.get("reason"),
-        "verdicts": jsonable(verdicts),
-        "scores": jsonable(dict(data.get("scores") or {})),
+        "verdicts": verdicts,
+        "scores": dict(data.get("scores") or {}),
         "duration": float(data.get("duration") or 0.0),
         "trace_id": data.get("trace_id"),
         "span_id": data.get("span_id"),

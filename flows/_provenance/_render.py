@@ -75,6 +75,13 @@ def _cell(value: Any) -> Text:
     return Text(json.dumps(value, separators=(",", ":"), default=str))
 
 
+def _when(moment: str | None) -> str:
+    # Text output shows seconds, in UTC; --json keeps the full ISO timestamps.
+    if not moment:
+        return "-"
+    return moment[:19].replace("T", " ") + "Z"
+
+
 def _table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
     for column in columns:
@@ -96,16 +103,19 @@ def list_campaigns(locations: list[str]) -> list[dict[str, Any]]:
 
 def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
     """Print one line per campaign."""
-    columns: tuple[str, ...] = (
-        "name",
-        "status",
-        "error_code",
-        "site",
-        "rounds",
-        "updated_at",
-        "database",
-    )
-    rows = [[c[k] for k in columns] for c in campaigns]
+    columns = ("name", "status", "error_code", "site", "rounds", "updated", "database")
+    rows = [
+        [
+            c["name"],
+            c["status"],
+            c["error_code"],
+            c["site"],
+            c["rounds"],
+            _when(c["updated_at"]),
+            c["database"],
+        ]
+        for c in campaigns
+    ]
     console.print(_table("Campaigns", columns, rows))
 
 
@@ -117,7 +127,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(
         Text(
             f"site {c['site']}  seed {c['seed']}  code {c['code_version']}  "
-            f"created {c['created_at']}  updated {c['updated_at']}"
+            f"created {_when(c['created_at'])}  updated {_when(c['updated_at'])}"
         )
     )
     rate = "-" if t["acceptance_rate"] is None else f"{t['acceptance_rate']:.1%}"
@@ -153,15 +163,18 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     ]
     console.print(_table("Rounds", columns, rows))
     if summary["approvals"]:
-        columns = (
-            "round_index",
-            "key",
-            "rule",
-            "decision",
-            "decided_by",
-            "decided_at",
-        )
-        rows = [[a[k] for k in columns] for a in summary["approvals"]]
+        columns = ("round", "key", "rule", "decision", "decided_by", "decided_at")
+        rows = [
+            [
+                a["round_index"],
+                a["key"],
+                a["rule"],
+                a["decision"],
+                a["decided_by"],
+                _when(a["decided_at"]),
+            ]
+            for a in summary["approvals"]
+        ]
         console.print(_table("Approvals", columns, rows))
     best = summary["best_result"]
     if best is None:
@@ -188,7 +201,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
     console.print(
         Text(
             f"Campaign {view['campaign']}, round {r['round_index']}: {r['status']}  "
-            f"(started {r['started_at']}, finished {r['finished_at'] or '-'})",
+            f"(started {_when(r['started_at'])}, finished {_when(r['finished_at'])})",
             style="bold",
         )
     )
@@ -198,7 +211,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
                 f"\nGate call {call['call_index']} ({call['name']}): {call['disposition']} "
                 f"after {call['attempts_used']} of {call['budget']} attempts\n"
                 f"  fallback sha {call['fallback_hash'] or '-'} computed "
-                f"{call['fallback_computed_at']}: {_cell(call['fallback_value'])}"
+                f"{_when(call['fallback_computed_at'])}: {_cell(call['fallback_value'])}"
             )
         )
         columns: tuple[str, ...] = (
@@ -242,45 +255,62 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             Text(
                 f"\nApproval {a['key']} (rule {a['rule']}, "
                 f"allowed {', '.join(a['approvers_allowed'])}"
-                f", run {a['flow_run_id']}) requested {a['requested_at']}: "
+                f", run {a['flow_run_id']}) requested {_when(a['requested_at'])}: "
                 f"{a['decision'] or 'pending'} by {a['decided_by'] or '-'} at "
-                f"{a['decided_at'] or '-'}; comment {a['comment'] or '-'}; overrides "
+                f"{_when(a['decided_at'])}; comment {a['comment'] or '-'}; overrides "
                 f"{_cell(a['overrides'])}"
             )
         )
-        columns = (
-            "decided_by",
-            "decision",
-            "allowed",
-            "settled",
-            "comment",
-            "recorded_at",
-        )
-        console.print(
-            _table("Approval events", columns, [[e[k] for k in columns] for e in a["events"]])
-        )
+        columns = ("decided_by", "decision", "allowed", "settled", "comment", "recorded")
+        rows = [
+            [
+                e["decided_by"],
+                e["decision"],
+                e["allowed"],
+                e["settled"],
+                e["comment"],
+                _when(e["recorded_at"]),
+            ]
+            for e in a["events"]
+        ]
+        console.print(_table("Approval events (every decision attempt)", columns, rows))
     for b in view["batches"]:
         console.print(
             Text(
                 f"\nBatch {b['key']} on {b['backend']}: {b['status']}, "
-                f"{len(b['candidates'])} candidates, launched {b['launched_at']}, finished "
-                f"{b['finished_at'] or '-'}"
+                f"{len(b['candidates'])} candidates, launched {_when(b['launched_at'])}, finished "
+                f"{_when(b['finished_at'])}"
             )
         )
         columns = (
-            "index",
+            "#",
             "key",
             "status",
             "value",
             "candidate",
             "runtime",
             "host",
-            "exit_code",
-            "attempts",
-            "error_code",
+            "exit",
+            "tries",
+            "error",
             "stderr_tail",
         )
-        rows = [[t[k] for k in columns] for t in b["results"]]
+        rows = [
+            [
+                r["index"],
+                r["key"],
+                r["status"],
+                r["value"],
+                r["candidate"],
+                r["runtime"],
+                r["host"],
+                r["exit_code"],
+                r["attempts"],
+                r["error_code"],
+                r["stderr_tail"] or None,
+            ]
+            for r in b["results"]
+        ]
         console.print(_table("Task results", columns, rows))
 
 

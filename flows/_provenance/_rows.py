@@ -146,7 +146,10 @@ def jsonable(value: Any) -> Any:
         return value
     if isinstance(value, float):
         return _finite(value)
-    return _finite(json.loads(json.dumps(value, default=_json_default)))
+    encoded = json.dumps(value, default=_json_default)
+    decoded = json.loads(encoded)
+    # Walk the structure only when the text shows a non-finite number somewhere.
+    return _finite(decoded) if ("NaN" in encoded or "Infinity" in encoded) else decoded
 
 
 def field(obj: Any, name: str, default: Any = None) -> Any:
