@@ -144,12 +144,18 @@ def in_child(*args: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-async def dask_seconds(n: int) -> tuple[float, float]:
-    """Time the same ``n``-task batch through the executor and through raw ``client.submit``."""
+async def dask_seconds(n: int, rounds: int = 2) -> tuple[float, float]:
+    """Time the same ``n``-task batch through the executor and raw ``client.submit``.
+
+    The two alternate ``rounds`` times on one cluster and the best of each is
+    kept: on a small shared machine a single run swings by 50%.
+    """
     import distributed
 
     from tasks import AllocationExecutor, FunctionTask
 
+    ours: list[float] = []
+    raw: list[float] = []
     async with distributed.LocalCluster(
         n_workers=2,
         threads_per_worker=1,
@@ -157,27 +163,22 @@ async def dask_seconds(n: int) -> tuple[float, float]:
         dashboard_address="127.0.0.1:0",
         asynchronous=True,
     ) as cluster:
-        async with distributed.Client(cluster, asynchronous=True) as client:
-            await client.gather(
-                [client.submit(operator.add, i, 0, key=f"warm-{i}") for i in range(20)]
-            )
-            started = time.perf_counter()
-            futures = [
-                client.submit(operator.add, i, 1, key=f"raw-{uuid.uuid4().hex}") for i in range(n)
-            ]
-            raw_values = await client.gather(futures)
-            raw = time.perf_counter() - started
-        assert raw_values == [i + 1 for i in range(n)]
-        async with AllocationExecutor.from_site(
-            site("dask", address=cluster.scheduler_address)
-        ) as executor:
-            started = time.perf_counter()
-            results = await executor.run_batch(
-                [FunctionTask(operator.add, (i, 1)) for i in range(n)], key_prefix="dask"
-            )
-            ours = time.perf_counter() - started
-        assert [r.value for r in results] == [i + 1 for i in range(n)]
-    return ours, raw
+        for _ in range(rounds):
+            async with distributed.Client(cluster, asynchronous=True) as client:
+                keys = [f"raw-{uuid.uuid4().hex}" for _ in range(n)]
+                started = time.perf_counter()
+                futures = [client.submit(operator.add, i, 1, key=keys[i]) for i in range(n)]
+                raw_values = await client.gather(futures)
+                raw.append(time.perf_counter() - started)
+            assert raw_values == [i + 1 for i in range(n)]
+            bench_site = site("dask", address=cluster.scheduler_address)
+            async with AllocationExecutor.from_site(bench_site) as executor:
+                tasks = [FunctionTask(operator.add, (i, 1)) for i in range(n)]
+                started = time.perf_counter()
+                results = await executor.run_batch(tasks, key_prefix="dask")
+                ours.append(time.perf_counter() - started)
+            assert [r.value for r in results] == [i + 1 for i in range(n)]
+    return min(ours), min(raw)
 
 
 def verdict(ok: bool) -> str:
@@ -199,12 +200,15 @@ def main() -> None:
     n_functions, n_true, n_dask = (2_000, 500, 300) if args.quick else (10_000, 2_000, 1_000)
 
     print(f"machine: {os.cpu_count()} CPUs; pools of {WORKERS} workers")
-    ours_thread = asyncio.run(executor_seconds("thread", n_functions))
-    ours_process = asyncio.run(executor_seconds("process", n_functions))
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        cf_thread = futures_seconds(pool, n_functions)
-    with ProcessPoolExecutor(max_workers=WORKERS) as pool:
-        cf_process = futures_seconds(pool, n_functions)
+    # Best of two, alternating, for each: the machine is small and shared.
+    ours_thread = ours_process = cf_thread = cf_process = float("inf")
+    for _ in range(2):
+        ours_thread = min(ours_thread, asyncio.run(executor_seconds("thread", n_functions)))
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            cf_thread = min(cf_thread, futures_seconds(pool, n_functions))
+        ours_process = min(ours_process, asyncio.run(executor_seconds("process", n_functions)))
+        with ProcessPoolExecutor(max_workers=WORKERS) as pool:
+            cf_process = min(cf_process, futures_seconds(pool, n_functions))
     plain_asyncflow = asyncio.run(asyncflow_seconds(n_functions))
 
     print(f"\n{n_functions} trivial function tasks (seconds, tasks/s):")
