@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from policies import TaskFailed
+from policies import SiteInvalid, TaskFailed
 from tasks import AllocationExecutor, ExecutableTask, FunctionTask, SiteConfig
 
 
@@ -225,3 +225,62 @@ class TestSignalHandlers:
         assert report["during"] == ["term"]
         assert report["after"] == ["term", "term"]
         assert report["interrupted"] is True
+
+
+def _installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def other_site(backend: dict[str, Any]) -> SiteConfig:
+    return SiteConfig.model_validate(
+        {"name": "needs-extra", "backend": backend, "cost": {"node_hours_per_simulation": 1.0}}
+    )
+
+
+class TestBackendsThatCannotStart:
+    @pytest.mark.skipif(_installed("radical.pilot"), reason="RADICAL-Pilot is installed here")
+    @pytest.mark.asyncio
+    async def test_radical_pilot_without_the_extra_names_the_extra(self) -> None:
+        site = other_site(
+            {
+                "kind": "radical_pilot",
+                "resource": "local.localhost",
+                "cores": 2,
+                "runtime_minutes": 5,
+            }
+        )
+        with pytest.raises(SiteInvalid, match=r"unattended\[radical-pilot\]") as caught:
+            async with AllocationExecutor.from_site(site):
+                pass  # pragma: no cover - never entered
+        assert caught.value.details["field"] == "backend.kind"
+
+    @pytest.mark.skipif(_installed("dask_jobqueue"), reason="dask-jobqueue is installed here")
+    @pytest.mark.asyncio
+    async def test_jobqueue_without_dask_jobqueue_names_the_package(self) -> None:
+        site = other_site(
+            {"kind": "dask", "jobqueue": {"system": "slurm", "cores": 4, "memory": "8GB"}}
+        )
+        with pytest.raises(SiteInvalid, match="dask-jobqueue") as caught:
+            async with AllocationExecutor.from_site(site):
+                pass  # pragma: no cover - never entered
+        assert caught.value.details["field"] == "backend.jobqueue"
+
+    @pytest.mark.asyncio
+    async def test_a_placeholder_scheduler_address_is_refused_before_connecting(self) -> None:
+        site = other_site({"kind": "dask", "scheduler_address": "<SCHEDULER_ADDRESS>"})
+        with pytest.raises(SiteInvalid, match="placeholder"):
+            async with AllocationExecutor.from_site(site):
+                pass  # pragma: no cover - never entered
+
+    @pytest.mark.asyncio
+    async def test_a_failed_start_leaves_the_process_free_for_another_executor(self) -> None:
+        site = other_site({"kind": "dask", "scheduler_address": "<SCHEDULER_ADDRESS>"})
+        with pytest.raises(SiteInvalid):
+            async with AllocationExecutor.from_site(site):
+                pass  # pragma: no cover - never entered
+        async with AllocationExecutor.from_site(local_site()) as executor:
+            assert (await executor.submit(FunctionTask(abs, (-5,)))).value == 5
