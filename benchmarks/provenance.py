@@ -73,6 +73,7 @@ def bench_record(url: str, attempts: int, per_event_sample: int) -> None:
         store.ensure_campaign("rec", spec={}, site="local", seed=1, code_version="bench")
         batch = [_attempt(n) for n in range(1, 1001)]
         start = time.perf_counter()
+        cpu_start = time.process_time()
         for call_index in range(attempts // 1000):
             call = store.record_gate_call(
                 "rec",
@@ -86,6 +87,7 @@ def bench_record(url: str, attempts: int, per_event_sample: int) -> None:
             store.record_attempts(call, batch)
             store.finish_gate_call(call, "accepted", 1000)
         bulk = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
         call = store.record_gate_call(
             "rec", 10_000, 0, gate="planner", budget=10**6, fallback_hash="h", fallback_value=[0.5]
         )
@@ -93,7 +95,10 @@ def bench_record(url: str, attempts: int, per_event_sample: int) -> None:
         for number in range(1, per_event_sample + 1):
             store.record_attempt(call, _attempt(number))
         single = (time.perf_counter() - start) / per_event_sample
-    print(f"  record {attempts:,} attempts, bulk:       {bulk:8.2f} s ({attempts / bulk:,.0f}/s)")
+    print(
+        f"  record {attempts:,} attempts, bulk:       {bulk:8.2f} s ({attempts / bulk:,.0f}/s; "
+        f"{cpu:.2f} s CPU in this process)"
+    )
     print(
         f"  record one attempt per transaction: {single * 1e3:8.3f} ms "
         f"(x{single * attempts / bulk:.1f} the bulk cost; {per_event_sample} sampled)"
@@ -177,9 +182,8 @@ def bench_read(url: str, rounds: int, cli: bool) -> None:
     print(f"  campaign summary over {total:,} attempts: {summary * 1e3:8.1f} ms (in-process)")
     print(f"  one round's full view:                  {view * 1e3:8.1f} ms (in-process)")
     if cli:
-        print(
-            f"  `unattended inspect big` (new process): {_cli_seconds(['inspect', 'big', '--db', url]):8.3f} s"
-        )
+        summary_cli = _cli_seconds(["inspect", "big", "--db", url])
+        print(f"  `unattended inspect big` (new process): {summary_cli:8.3f} s")
         print(
             f"  `unattended inspect big --round {middle}`:   "
             f"{_cli_seconds(['inspect', 'big', '--round', str(middle), '--db', url]):8.3f} s"

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from flows._provenance._errors import ProvenanceDatabaseError
+from flows._provenance._rows import json_text
 
 DB_FILENAME = "provenance.db"
 DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
@@ -122,7 +123,9 @@ def _create_private_file(path: Path) -> None:
 
 
 def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(
+        url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_serializer=json_text
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -155,7 +158,9 @@ def open_engine(location: Location, *, read_only: bool) -> Engine:
         connect_args: dict[str, Any] = {}
         if read_only:
             connect_args["options"] = "-c default_transaction_read_only=on"
-        return create_engine(location.url, pool_pre_ping=True, connect_args=connect_args)
+        return create_engine(
+            location.url, pool_pre_ping=True, connect_args=connect_args, json_serializer=json_text
+        )
     path = location.path
     if read_only:
         if not path.is_file():

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, select, update
@@ -35,34 +34,41 @@ _DECISION_FIELDS = (
 )
 
 
+def _reader(obj: Any) -> Callable[[str], Any]:
+    if isinstance(obj, dict):
+        return obj.get
+    return lambda name: getattr(obj, name, None)
+
+
 def _attempt_values(gate_call_id: int, attempt: Any) -> dict[str, Any]:
-    if hasattr(attempt, "model_dump_json"):
-        # pydantic's serializer already writes strict JSON (NaN/inf as strings): reuse it.
-        data = json.loads(attempt.model_dump_json())
-    else:
-        data = jsonable(dict(attempt))
-    if not isinstance(data.get("number"), int):
+    # JSON columns take Python objects as they are: the engine's serializer writes
+    # strict JSON (pydantic models, dataclasses, tuples, NaN/inf as strings) in one pass.
+    get = _reader(attempt)
+    number = get("number")
+    if not isinstance(number, int):
         raise ValidationFailed("attempt.number must be an integer", details={"field": "number"})
-    verdicts = [
-        {
-            "check": v.get("check"),
-            "passed": v.get("passed"),
-            "reason": v.get("reason"),
-            "duration": v.get("duration"),
-        }
-        for v in data.get("verdicts") or ()
-    ]
+    verdicts = []
+    for verdict in get("verdicts") or ():
+        read = _reader(verdict)
+        verdicts.append(
+            {
+                "check": read("check"),
+                "passed": read("passed"),
+                "reason": read("reason"),
+                "duration": read("duration"),
+            }
+        )
     return {
         "gate_call_id": gate_call_id,
-        "number": data["number"],
-        "value": data.get("value"),
-        "rejected_by": data.get("rejected_by"),
-        "reason": data.get("reason"),
+        "number": number,
+        "value": get("value"),
+        "rejected_by": get("rejected_by"),
+        "reason": get("reason"),
         "verdicts": verdicts,
-        "scores": dict(data.get("scores") or {}),
-        "duration": float(data.get("duration") or 0.0),
-        "trace_id": data.get("trace_id"),
-        "span_id": data.get("span_id"),
+        "scores": dict(get("scores") or {}),
+        "duration": float(get("duration") or 0.0),
+        "trace_id": get("trace_id"),
+        "span_id": get("span_id"),
     }
 
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic_core import to_json
+
 TASK_RESULT_FIELDS = (
     "index",
     "key",
@@ -138,6 +140,11 @@ def _finite(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     return value
+
+
+def json_text(value: Any) -> str:
+    """Serialise ``value`` as strict JSON text (the engines' JSON column serializer)."""
+    return to_json(value, inf_nan_mode="strings", fallback=_json_default).decode()
 
 
 def jsonable(value: Any) -> Any:

@@ -266,3 +266,29 @@ class TestHelp:
         print(f"inspect --help: {float(lines['ELAPSED']):.3f} s in-process, {wall:.3f} s wall")
         assert "Without CAMPAIGN, list campaigns" in done.stdout
         assert lines["LOADED"] == "[]"
+
+
+class TestImports:
+    def test_the_store_and_the_cli_module_load_without_prefect_or_the_otel_sdk(self) -> None:
+        code = (
+            "import sys\n"
+            "import flows._cli_inspect, flows._provenance, flows._provenance._render\n"
+            "print(sorted(m for m in ('prefect', 'opentelemetry.sdk') if m in sys.modules))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert done.stdout.strip() == "[]"
+
+    def test_the_public_surface_is_pinned(self) -> None:
+        import flows._provenance
+
+        assert flows._provenance.__all__ == [
+            "HEAD_REVISION",
+            "ApprovalEventRecord",
+            "ApprovalRow",
+            "Checkpoint",
+            "ProvenanceDatabaseError",
+            "ProvenanceStore",
+            "TaskResultRecord",
+        ]
