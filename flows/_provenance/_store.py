@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, select, update
+from sqlalchemy.exc import DatabaseError
 
 from flows._provenance import _readers as readers
 from flows._provenance._batch_writes import ApprovalAndBatchWrites
 from flows._provenance._engines import open_engine, resolve
+from flows._provenance._errors import ProvenanceDatabaseError
 from flows._provenance._gate_writes import GateWrites
 from flows._provenance._migrate import check_readable, upgrade
 from flows._provenance._rows import Checkpoint, jsonable, now
@@ -59,6 +61,15 @@ class ProvenanceStore(GateWrites, ApprovalAndBatchWrites):
                     check_readable(connection, location)
             else:
                 upgrade(engine, location)
+        except DatabaseError as exc:
+            engine.dispose()
+            if location.path is None:
+                raise  # a server problem (down, refused) is not a broken file
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            raise ProvenanceDatabaseError(
+                f"cannot use provenance database {location.label}: {reason or 'unreadable'}",
+                details={"path": location.label},
+            ) from None
         except BaseException:
             engine.dispose()
             raise

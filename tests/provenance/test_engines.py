@@ -74,6 +74,14 @@ class TestSQLiteFile:
         assert caught.value.code == "spec_invalid"
         assert path.read_bytes() == b"garbage, not a database" * 100
 
+    def test_a_truncated_database_is_refused(self, tmp_path: Path, record_campaign: Any) -> None:
+        with ProvenanceStore.open(tmp_path) as store:
+            record_campaign(store, "demo", rounds=1)
+        path = tmp_path / "provenance.db"
+        path.write_bytes(path.read_bytes()[:5000])
+        with pytest.raises(ProvenanceDatabaseError, match="malformed"):
+            ProvenanceStore.open(path)
+
     def test_a_sqlite_database_of_another_program_is_refused(self, tmp_path: Path) -> None:
         import sqlite3
 
