@@ -311,10 +311,16 @@ class Dispatcher:
         # Dask keys the task by this; every attempt of every task is unique.
         future = self._remote(payload, offload, task_description={"key": key})
         try:
-            host, runtime, value = await asyncio.wait_for(future, time_limit)
-        except TimeoutError:
-            return timed_out(time.perf_counter() - started, self.host, time_limit)
+            # Not wait_for: asyncflow's cancel only *requests* a backend cancel, and
+            # wait_for would wait for the backend to confirm it.
+            done, _ = await asyncio.wait({future}, timeout=time_limit)
+            if future not in done:
+                future.cancel()
+                return timed_out(time.perf_counter() - started, self.host, time_limit)
+            host, runtime, value = future.result()
         except asyncio.CancelledError:
+            if not future.done():
+                future.cancel()
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise
@@ -355,9 +361,11 @@ class Dispatcher:
 
         future = self.engine.executable_task(command_line)()
         try:
-            stdout = await asyncio.wait_for(future, time_limit)
-        except TimeoutError:
-            return timed_out(time.perf_counter() - started, self.host, time_limit)
+            done, _ = await asyncio.wait({future}, timeout=time_limit)
+            if future not in done:
+                future.cancel()
+                return timed_out(time.perf_counter() - started, self.host, time_limit)
+            stdout = future.result()
         except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
             return AttemptOutcome(
                 status="failed",

@@ -88,6 +88,15 @@ class TestDaskExecutor:
         assert "ZeroDivisionError" in result.stderr_tail
 
     @pytest.mark.asyncio
+    async def test_a_function_past_its_timeout_is_a_timeout_record(
+        self, scheduler_address: str
+    ) -> None:
+        async with AllocationExecutor.from_site(dask_site(scheduler_address)) as executor:
+            result = await executor.submit(FunctionTask(time.sleep, (2.0,), timeout=0.2))
+        assert result.status == "timeout"
+        assert result.error_code == "deadline_exceeded"
+
+    @pytest.mark.asyncio
     async def test_executables_run_on_a_worker_with_stdin(self, scheduler_address: str) -> None:
         script = "import json, sys; print(json.dumps(sorted(json.load(sys.stdin))))"
         async with AllocationExecutor.from_site(dask_site(scheduler_address)) as executor:

@@ -158,6 +158,14 @@ class TestFunctionTasks:
         assert [r.value for r in results] == [i * i for i in range(20)]
         assert registered == 20
 
+    @pytest.mark.asyncio
+    async def test_engine_dispatch_turns_a_timeout_into_a_timeout_record(self) -> None:
+        site = local_site(backend={"dispatch": "engine"})
+        async with AllocationExecutor.from_site(site) as executor:
+            result = await executor.submit(FunctionTask(time.sleep, (1.0,), timeout=0.05))
+        assert result.status == "timeout"
+        assert result.error_code == "deadline_exceeded"
+
 
 class TestExecutableTasks:
     @pytest.mark.asyncio
