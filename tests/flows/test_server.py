@@ -38,12 +38,6 @@ def _session_config(handle: ServerHandle) -> ServerConfig:
     return ServerConfig(state_dir=handle.prefect_home.parent, port=port)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _spawn_group(code: str) -> subprocess.Popen[bytes]:
     """Start a Python process leading its own process group, as the server does."""
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
@@ -273,20 +267,23 @@ class TestServerCli:
         assert main(["server", "start", "--database-url", "mysql://x"]) == 2
         assert "database_url (option database_url)" in capsys.readouterr().err
 
-    @pytest.mark.integration
-    def test_start_then_stop_a_server(
+    def test_start_on_a_taken_port_exits_1_with_the_reason(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
         monkeypatch.setenv("UNATTENDED_HOME", str(tmp_path))
-        port = str(_free_port())
-        try:
-            assert main(["server", "start", "--port", port]) == 0
-            started = capsys.readouterr().out
-            assert main(["server", "status"]) == 0
-        finally:
-            assert main(["server", "stop"]) == 0
-        assert f"API:      http://127.0.0.1:{port}/api" in started
-        assert main(["server", "status"]) == 1
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            assert main(["server", "start", "--port", str(port)]) == 1
+        assert f"error: port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+    def test_stop_when_nothing_runs_exits_0(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("UNATTENDED_HOME", str(tmp_path))
+        assert main(["server", "stop"]) == 0
+        assert "was not running" in capsys.readouterr().out
 
     @pytest.mark.integration
     def test_status_prints_urls_pid_and_database(

@@ -119,9 +119,19 @@ def suspended_run(prefect_server: ServerHandle, tmp_path: Path) -> SuspendedRun:
     return _start_suspended_run(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def shared_suspended_run(
+    prefect_server: ServerHandle, tmp_path_factory: pytest.TempPathFactory
+) -> SuspendedRun:
+    """One Suspended run for tests that only read it (or are refused), to save run starts."""
+    return _start_suspended_run(tmp_path_factory.mktemp("suspended"))
+
+
 class TestSuspend:
-    def test_run_is_suspended_with_a_keyed_input_form(self, suspended_run: SuspendedRun) -> None:
-        state = _flow_run(suspended_run.id).state
+    def test_run_is_suspended_with_a_keyed_input_form(
+        self, shared_suspended_run: SuspendedRun
+    ) -> None:
+        state = _flow_run(shared_suspended_run.id).state
         assert state is not None
         assert (state.type, state.name) == (StateType.PAUSED, "Suspended")
         assert state.state_details.pause_key == "round-1"
@@ -131,14 +141,16 @@ class TestSuspend:
             "schema": "suspended-round-1-schema",
         }
 
-    def test_form_schema_is_stored_for_the_ui(self, suspended_run: SuspendedRun) -> None:
-        schema = json.loads(_run_input(suspended_run.id, "suspended-round-1-schema"))
+    def test_form_schema_is_stored_for_the_ui(self, shared_suspended_run: SuspendedRun) -> None:
+        schema = json.loads(_run_input(shared_suspended_run.id, "suspended-round-1-schema"))
         assert schema["required"] == ["approver"]
         assert schema["properties"]["decision"]["enum"] == ["approve", "reject"]
         assert schema["properties"]["decision"]["default"] == "approve"
 
-    def test_description_markdown_is_stored_json_encoded(self, suspended_run: SuspendedRun) -> None:
-        stored = _run_input(suspended_run.id, "suspended-round-1-description")
+    def test_description_markdown_is_stored_json_encoded(
+        self, shared_suspended_run: SuspendedRun
+    ) -> None:
+        stored = _run_input(shared_suspended_run.id, "suspended-round-1-description")
         assert json.loads(stored) == APPROVAL_DESCRIPTION
 
 
@@ -153,13 +165,6 @@ class TestResume:
         assert [e["event"] for e in events] == ["started", "started", "resumed"]
         assert events[0]["pid"] != events[1]["pid"]  # a new process after the resume
         assert events[2]["approval"] == form
-
-    def test_defaults_fill_fields_the_form_leaves_out(self, suspended_run: SuspendedRun) -> None:
-        resume_flow_run(suspended_run.id, run_input={"approver": "ana"})
-        drive_once(suspended_run.runner)
-
-        resumed = _events(suspended_run.progress)[-1]
-        assert resumed["approval"] == {"decision": "approve", "approver": "ana", "comment": ""}
 
     def test_invalid_input_is_refused_and_run_stays_suspended(
         self, suspended_run: SuspendedRun
@@ -191,10 +196,10 @@ class TestResumeEndpoint:
         assert (body["state"]["type"], body["state"]["name"]) == ("SCHEDULED", "Resuming")
 
     def test_invalid_input_is_refused_with_200_reject(
-        self, prefect_server: ServerHandle, suspended_run: SuspendedRun
+        self, prefect_server: ServerHandle, shared_suspended_run: SuspendedRun
     ) -> None:
         response = httpx.post(
-            f"{prefect_server.api_url}/flow_runs/{suspended_run.id}/resume",
+            f"{prefect_server.api_url}/flow_runs/{shared_suspended_run.id}/resume",
             json={"run_input": {"comment": "no name given"}},
         )
         body = response.json()
@@ -261,7 +266,10 @@ class TestRunnerRestart:
         drive_once(fresh)
 
         assert _flow_run(run.id).state_type == StateType.COMPLETED
-        assert [e["event"] for e in _events(progress)] == ["started", "started", "resumed"]
+        events = _events(progress)
+        assert [e["event"] for e in events] == ["started", "started", "resumed"]
+        # Fields the form left out take their defaults.
+        assert events[2]["approval"] == {"decision": "approve", "approver": "ana", "comment": ""}
 
 
 def _wait_for_deployment_then_run(deployment: str, progress: Path, timeout: float = 60) -> FlowRun:
