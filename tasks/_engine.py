@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies import SiteInvalid
-from tasks._site import DaskBackend, LocalBackend, RadicalPilotBackend, SiteConfig
+from tasks._site import SiteConfig
+from tasks._site_backends import DaskBackend, LocalBackend, RadicalPilotBackend
 
 _ENGINE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _live_owner: object | None = None

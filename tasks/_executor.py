@@ -37,7 +37,8 @@ from tasks._engine import (
 )
 from tasks._executables import executable_slots
 from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult, TaskSpec
-from tasks._site import LocalBackend, SiteConfig
+from tasks._site import SiteConfig
+from tasks._site_backends import LocalBackend
 
 OnResult = Callable[[TaskResult], "Awaitable[None] | None"]
 _MAX_BACKOFF = 300.0
@@ -77,6 +78,7 @@ class AllocationExecutor:
         self._dispatch: Dispatcher | None = None
         self._slots: asyncio.Semaphore | None = None
         self._exec_slots: asyncio.Semaphore | None = None
+        self._exec_limit = 0
         self._transient_codes = frozenset(site.transient_exit_codes)
 
     @classmethod
@@ -92,7 +94,7 @@ class AllocationExecutor:
     @property
     def executable_concurrency(self) -> int:
         """Return how many executables may run at once (after entering)."""
-        return self._exec_slots._value if self._exec_slots is not None else 0
+        return self._exec_limit
 
     async def __aenter__(self) -> AllocationExecutor:
         claim_process(self)
@@ -111,7 +113,7 @@ class AllocationExecutor:
         local = isinstance(spec, LocalBackend)
         self._dispatch = Dispatcher(
             pool=self._parts.pool,
-            direct=local and isinstance(spec, LocalBackend) and spec.dispatch == "direct",
+            direct=isinstance(spec, LocalBackend) and spec.dispatch == "direct",
             engine=self._parts.engine,
             remote_kind=spec.kind,
             host=socket.gethostname(),
@@ -123,6 +125,7 @@ class AllocationExecutor:
         self._slots = asyncio.Semaphore(self.site.max_concurrency)
         # Only local executables hold descriptors of this process.
         limit = executable_slots(self.site.max_concurrency) if local else self.site.max_concurrency
+        self._exec_limit = limit
         self._exec_slots = asyncio.Semaphore(limit)
         return self
 

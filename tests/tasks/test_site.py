@@ -10,7 +10,7 @@ import tomli_w
 
 from policies import SiteInvalid
 from tasks import SiteConfig, load_site
-from tasks._site import DaskBackend, LocalBackend, RadicalPilotBackend
+from tasks._site_backends import DaskBackend, LocalBackend, RadicalPilotBackend
 
 SHIPPED = sorted((Path(__file__).resolve().parents[2] / "site-configs").glob("*.toml"))
 SECRET = "sk-test-do-not-echo-0123456789"
