@@ -18,6 +18,7 @@ import pytest
 from tasks import AllocationExecutor, ExecutableTask, FunctionTask, SiteConfig
 
 distributed = pytest.importorskip("distributed")
+dask = pytest.importorskip("dask")
 
 pytestmark = pytest.mark.integration
 
@@ -25,14 +26,17 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def scheduler_address() -> Iterator[str]:
     """Start one LocalCluster for the module and stop it at the end."""
-    cluster = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        host="127.0.0.1",
-        # None would bind the scheduler's HTTP server to 8787 and warn if taken.
-        dashboard_address="127.0.0.1:0",
-        processes=True,
-    )
+    # With no allowed failures a dead worker reaches the client as KilledWorker at
+    # once, instead of after Dask's own three silent reschedules.
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        cluster = distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            # None would bind the scheduler's HTTP server to 8787 and warn if taken.
+            dashboard_address="127.0.0.1:0",
+            processes=True,
+        )
     try:
         yield cluster.scheduler_address
     finally:
@@ -137,6 +141,29 @@ class TestDaskExecutor:
         assert result.status == "done"
         assert result.attempts == 2
         assert counter.read_text().strip() == "2"
+
+    @pytest.mark.asyncio
+    async def test_a_lost_worker_is_transient_and_retried(
+        self, scheduler_address: str, tmp_path: Path
+    ) -> None:
+        marker = tmp_path / "died-once"
+
+        def die_once() -> str:
+            import os
+            import signal
+
+            if not marker.exists():
+                marker.write_text("x")
+                os.kill(os.getpid(), signal.SIGKILL)  # takes the whole worker down
+            return "survived"
+
+        site = dask_site(scheduler_address, retries=1)
+        async with AllocationExecutor.from_site(site) as executor:
+            result = await executor.submit(FunctionTask(die_once))
+        assert result.status == "done"
+        assert result.value == "survived"
+        assert result.attempts == 2
+        assert result.retries[0].reason == "KilledWorker"
 
 
 SHARED_SCHEDULER_PROGRAM = textwrap.dedent(
