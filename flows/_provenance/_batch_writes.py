@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Connection, select, update
+from sqlalchemy.exc import IntegrityError
 
 from flows._provenance import _readers as readers
 from flows._provenance._rows import (
@@ -119,8 +120,25 @@ class ApprovalAndBatchWrites(StoreBase):
                 ).first()
             ):
                 return False
-            settles = allowed and approval.decision is None
             moment = now()
+            settles = False
+            if allowed and approval.decision is None:
+                # Conditional update: of two allowed decisions racing on PostgreSQL,
+                # exactly one finds the request still undecided.
+                settles = (
+                    connection.execute(
+                        update(APPROVALS)
+                        .where(APPROVALS.c.id == approval.id, APPROVALS.c.decision.is_(None))
+                        .values(
+                            decided_by=decided_by,
+                            decision=decision,
+                            comment=comment,
+                            overrides=overrides_json,
+                            decided_at=moment,
+                        )
+                    ).rowcount
+                    == 1
+                )
             connection.execute(
                 APPROVAL_EVENTS.insert().values(
                     approval_id=approval.id,
@@ -134,21 +152,16 @@ class ApprovalAndBatchWrites(StoreBase):
                     recorded_at=moment,
                 )
             )
-            if settles:
-                connection.execute(
-                    update(APPROVALS)
-                    .where(APPROVALS.c.id == approval.id)
-                    .values(
-                        decided_by=decided_by,
-                        decision=decision,
-                        comment=comment,
-                        overrides=overrides_json,
-                        decided_at=moment,
-                    )
-                )
             return settles
 
-        return in_transaction(self.engine, work)
+        try:
+            return in_transaction(self.engine, work)
+        except IntegrityError:
+            if event_key is None:
+                raise
+            # Another process recorded the same event between our check and insert;
+            # running again finds it and records nothing.
+            return in_transaction(self.engine, work)
 
     def find_approval(self, key: str) -> ApprovalRow | None:
         """Return approval ``key`` with its events, or None if it was never requested."""
