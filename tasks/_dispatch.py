@@ -291,22 +291,24 @@ class Dispatcher:
     async def _function_direct(
         self, task: FunctionTask, time_limit: float | None
     ) -> AttemptOutcome:
-        assert self.pool is not None
+        pool = self.pool
+        assert pool is not None
         started = time.perf_counter()
-        if isinstance(self.pool, ProcessPoolExecutor):
-            payload = pack_for_pool(task.fn, tuple(task.args), dict(task.kwargs))
-            future = self.pool.submit(call_pickled, payload)
-        else:
-            future = self.pool.submit(call_plain, task.fn, tuple(task.args), dict(task.kwargs))
         try:
-            value = await asyncio.wait_for(asyncio.wrap_future(future), time_limit)
-        except TimeoutError:
-            future.cancel()
-            return timed_out(time.perf_counter() - started, self.host, time_limit)
+            if isinstance(pool, ProcessPoolExecutor):
+                payload = pack_for_pool(task.fn, tuple(task.args), dict(task.kwargs))
+                future = pool.submit(call_pickled, payload)
+            else:
+                future = pool.submit(call_plain, task.fn, tuple(task.args), dict(task.kwargs))
+            try:
+                value = await asyncio.wait_for(asyncio.wrap_future(future), time_limit)
+            except TimeoutError:
+                future.cancel()
+                return timed_out(time.perf_counter() - started, self.host, time_limit)
         except BrokenProcessPool as exc:
-            # A pool process died (OOM killer, segfault): the pool is unusable,
-            # so build a new one and let the retry run on it.
-            if self.replace_pool is not None and self.pool.__class__ is ProcessPoolExecutor:
+            # A pool process died (OOM killer, segfault): the pool is unusable.
+            # The first task to notice builds a new one; the retry runs on it.
+            if self.replace_pool is not None and self.pool is pool:
                 self.pool = self.replace_pool()
             return _function_failure(exc, task.transient, time.perf_counter() - started, self.host)
         except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record

@@ -128,6 +128,29 @@ class TestRetries:
         assert result.attempts == 2
 
     @pytest.mark.asyncio
+    async def test_a_dead_pool_process_is_transient_and_the_pool_is_rebuilt(
+        self, tmp_path: Path
+    ) -> None:
+        marker = tmp_path / "died-once"
+
+        def die_once() -> str:
+            import os
+
+            if not marker.exists():
+                marker.write_text("x")
+                os._exit(1)  # the pool process vanishes, as under the OOM killer
+            return "survived"
+
+        site = local_site(backend={"kind": "local", "executor": "process", "max_workers": 2})
+        async with AllocationExecutor.from_site(site) as executor:
+            result = await executor.submit(FunctionTask(die_once))
+            after = await executor.submit(FunctionTask(abs, (-4,)))
+        assert result.status == "done"
+        assert result.value == "survived"
+        assert result.retries[0].reason == "BrokenProcessPool"
+        assert after.value == 4
+
+    @pytest.mark.asyncio
     async def test_an_undeclared_exception_is_not_retried(self) -> None:
         calls: list[int] = []
 
