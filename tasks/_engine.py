@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ class SavedSignals:
 
     def restore(self, loop: asyncio.AbstractEventLoop) -> None:
         """Remove the engine's handlers and put the recorded ones back."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # the engine installs handlers only from the main thread
         for sig in _ENGINE_SIGNALS:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +191,18 @@ class TestOneEnginePerProcess:
         async with AllocationExecutor.from_site(local_site()) as second:
             two = await second.submit(FunctionTask(abs, (-2,)))
         assert (one.value, two.value) == (1, 2)
+
+    def test_an_executor_runs_on_an_event_loop_outside_the_main_thread(self) -> None:
+        values: list[Any] = []
+
+        async def main() -> None:
+            async with AllocationExecutor.from_site(local_site()) as executor:
+                values.append((await executor.submit(FunctionTask(abs, (-6,)))).value)
+
+        worker = threading.Thread(target=lambda: asyncio.run(main()))
+        worker.start()
+        worker.join(60)
+        assert values == [6]
 
     @pytest.mark.asyncio
     async def test_submitting_outside_async_with_raises(self) -> None:
