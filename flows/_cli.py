@@ -14,7 +14,11 @@ import sys
 from collections.abc import Sequence
 
 # One module per command group, in the order they appear in --help.
-COMMAND_MODULES: tuple[str, ...] = ("flows._cli_campaign", "flows._cli_server", "flows._cli_inspect")
+COMMAND_MODULES: tuple[str, ...] = (
+    "flows._cli_campaign",
+    "flows._cli_server",
+    "flows._cli_inspect",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -267,7 +267,7 @@ async def expire_approvals(*, now: datetime | None = None) -> list[UUID]:
     return expired
 
 
-class ResumeRefused(UnattendedError):
+class ResumeRefusedError(UnattendedError):
     """The server refused the answer (invalid for the form, or the run is not suspended)."""
 
     code = "validation_failed"
@@ -278,14 +278,14 @@ async def resume_with(flow_run_id: UUID, run_input: dict[str, Any]) -> None:
     async with get_client() as client:
         flow_run = await client.read_flow_run(flow_run_id)
         if flow_run.state is None or not flow_run.state.is_paused():
-            raise ResumeRefused(
+            raise ResumeRefusedError(
                 f"flow run {flow_run_id} is not waiting for approval",
                 details={"flow_run_id": str(flow_run_id)},
             )
         result = await client.resume_flow_run(flow_run_id, run_input=run_input)
     if result.status.value.upper() != "ACCEPT":
         reason = getattr(result.details, "reason", None) or "refused"
-        raise ResumeRefused(
+        raise ResumeRefusedError(
             f"the server refused the answer for flow run {flow_run_id}: {reason}",
             details={"flow_run_id": str(flow_run_id)},
         )
