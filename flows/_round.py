@@ -27,7 +27,7 @@ from flows._campaign_state import (
     walltime_remaining,
 )
 from flows._spec import LoadedSpec
-from policies import BatchSummary, Decision, RoundContext, UnattendedError, proposal_key
+from policies import BatchSummary, Decision, RoundContext, UnattendedError, classify, proposal_key
 from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
 
 log = logging.getLogger("unattended.campaign")
@@ -139,6 +139,11 @@ class CampaignEngine:
                 self.store.set_campaign_status(self.name, "failed", exc.code)
                 self.hooks.on_event("failed", {"round": index, "code": exc.code})
                 return CampaignResult("failed", exc.code, index, exc.message)
+            except Exception as exc:
+                # Unexpected: record the stable code, then let the orchestrator see the crash.
+                # (Prefect's suspend signal is a BaseException and passes through untouched.)
+                self.store.set_campaign_status(self.name, "failed", classify(exc).code)
+                raise
         self.store.set_campaign_status(self.name, "completed", None)
         self.hooks.on_event("completed", {"rounds": spec.rounds})
         return CampaignResult("completed", None, spec.rounds, "all rounds completed")
