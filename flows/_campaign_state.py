@@ -13,9 +13,10 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flows._spec import LoadedSpec
+from flows._spec import ApprovalsSpec, LoadedSpec
 from policies import Policy, load_policy
 from tasks import Bounds, GaussianProcess, LLMPlanner, ScriptedPlanner, SurrogatePlanner
 
@@ -130,17 +131,90 @@ class PlannerSlot:
         return {"position": self.position}
 
 
-def walltime_remaining(env: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Return seconds left on the allocation, from the batch job's environment, if known.
+# Checked in order; the first that parses wins. PBS exports no end time of the job
+# (PBS_WALLTIME is Torque-only and says nothing of when the job started), so a PBS
+# job script sets UNATTENDED_ALLOCATION_END itself.
+ALLOCATION_END_VARIABLES = ("UNATTENDED_ALLOCATION_END", "SLURM_JOB_END_TIME")
+# Slurm's start time, for a site walltime when no end time is exported.
+ALLOCATION_START_VARIABLES = ("UNATTENDED_ALLOCATION_START", "SLURM_JOB_START_TIME")
+ALLOCATION_NOTE = "allocation ends "
 
-    Reads ``UNATTENDED_ALLOCATION_END`` or Slurm's ``SLURM_JOB_END_TIME`` (epoch seconds).
-    """
-    moment = time.time() if now is None else now
-    for variable in ("UNATTENDED_ALLOCATION_END", "SLURM_JOB_END_TIME"):
+
+def _epoch(env: Mapping[str, str], variables: tuple[str, ...]) -> float | None:
+    for variable in variables:
         raw = env.get(variable)
         if raw:
             try:
-                return max(0.0, float(raw) - moment)
+                return float(raw)
             except ValueError:
                 continue
     return None
+
+
+def allocation_end(
+    env: Mapping[str, str], *, walltime_seconds: float | None = None
+) -> datetime | None:
+    """Return when the batch allocation ends, from the job's environment, if known.
+
+    Reads ``UNATTENDED_ALLOCATION_END`` or Slurm's ``SLURM_JOB_END_TIME`` (epoch
+    seconds); failing those, the job's start (``UNATTENDED_ALLOCATION_START`` or
+    ``SLURM_JOB_START_TIME``) plus ``walltime_seconds`` (the site's
+    ``scheduler.walltime``).
+    """
+    end = _epoch(env, ALLOCATION_END_VARIABLES)
+    if end is None and walltime_seconds is not None:
+        start = _epoch(env, ALLOCATION_START_VARIABLES)
+        end = None if start is None else start + walltime_seconds
+    return None if end is None else datetime.fromtimestamp(end, UTC)
+
+
+def walltime_remaining(
+    env: Mapping[str, str],
+    *,
+    now: float | None = None,
+    walltime_seconds: float | None = None,
+) -> float | None:
+    """Return seconds left on the allocation (see ``allocation_end``), if known."""
+    end = allocation_end(env, walltime_seconds=walltime_seconds)
+    if end is None:
+        return None
+    moment = time.time() if now is None else now
+    return max(0.0, end.timestamp() - moment)
+
+
+def allocation_note(end: datetime | None) -> str | None:
+    """Return the approval row's description that records the allocation's end."""
+    return None if end is None else ALLOCATION_NOTE + end.astimezone(UTC).isoformat()
+
+
+def recorded_allocation_end(description: str | None) -> datetime | None:
+    """Return the allocation end an approval row recorded with ``allocation_note``."""
+    if not description or not description.startswith(ALLOCATION_NOTE):
+        return None
+    try:
+        end = datetime.fromisoformat(description[len(ALLOCATION_NOTE) :].strip())
+    except ValueError:
+        return None
+    return end if end.tzinfo else end.replace(tzinfo=UTC)
+
+
+def approval_deadline(
+    requested_at: datetime,
+    description: str | None,
+    approvals: ApprovalsSpec,
+) -> datetime:
+    """Return when an approval request times out: the earlier of its timeout and the allocation.
+
+    Computed from the approval row only (``requested_at`` and the allocation end
+    recorded in its ``description``), so every replay of the flow and the
+    watchdog on the login node agree on the same instant. The allocation bound is
+    its end minus ``approvals.allocation_margin_minutes``, so the campaign falls
+    back or stops cleanly before the batch system kills it; never before the request.
+    """
+    requested = requested_at if requested_at.tzinfo else requested_at.replace(tzinfo=UTC)
+    deadline = requested + timedelta(minutes=approvals.timeout_minutes)
+    end = recorded_allocation_end(description)
+    if end is not None:
+        bound = end - timedelta(minutes=approvals.allocation_margin_minutes)
+        deadline = min(deadline, max(requested, bound))
+    return deadline

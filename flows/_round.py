@@ -13,14 +13,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, TypeVar
+
+from opentelemetry import trace
 
 from acceptance import Attempt, Outcome, Rejected, accept
 from flows._approval import Approval, ApprovalRequest, Judgement, judge
 from flows._campaign_state import (
     Counters,
     PlannerSlot,
+    allocation_end,
+    allocation_note,
+    approval_deadline,
     build_policy,
     build_surrogate,
     derive_seed,
@@ -31,6 +36,7 @@ from policies import BatchSummary, Decision, RoundContext, UnattendedError, clas
 from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
 
 log = logging.getLogger("unattended.campaign")
+tracer = trace.get_tracer("unattended.flows")
 T = TypeVar("T")
 
 Step = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
@@ -125,6 +131,17 @@ class CampaignEngine:
 
     async def run(self) -> CampaignResult:
         """Run every remaining round; return how the campaign ended."""
+        # One span per (re)start of the campaign: the gate's spans nest under it.
+        with tracer.start_as_current_span(
+            f"campaign {self.name}",
+            attributes={
+                "unattended.campaign": self.name,
+                "unattended.first_round": self.next_round,
+            },
+        ):
+            return await self._run_rounds()
+
+    async def _run_rounds(self) -> CampaignResult:
         spec = self.loaded.spec
         for index in range(self.next_round, spec.rounds):
             try:
@@ -150,6 +167,13 @@ class CampaignEngine:
 
     async def run_round(self, index: int) -> None:
         """Run one round: fallback first, gate, policy, approval, batch, checkpoint."""
+        with tracer.start_as_current_span(
+            f"round {index}",
+            attributes={"unattended.campaign": self.name, "unattended.round": index},
+        ):
+            await self._run_round(index)
+
+    async def _run_round(self, index: int) -> None:
         spec = self.loaded.spec
         self.store.start_round(self.name, index)
         self.hooks.on_event("round", {"round": index, "of": spec.rounds})
@@ -326,13 +350,13 @@ class CampaignEngine:
                 key=key,
                 rule=firing.rule if firing else None,
                 approvers=approvers,
-                description=None,
+                # The allocation's end as this process sees it, recorded once: replays
+                # (maybe in another process, even off the allocation) and the watchdog
+                # read the deadline back from the row instead of recomputing it.
+                description=allocation_note(allocation_end(self.env)),
                 flow_run_id=self.hooks.flow_run_id,
             )
             row = self.store.find_approval(key)
-        requested_at = (
-            row.requested_at if row.requested_at.tzinfo else row.requested_at.replace(tzinfo=UTC)
-        )
         request = ApprovalRequest(
             campaign=self.name,
             round_index=index,
@@ -346,7 +370,7 @@ class CampaignEngine:
             node_hours=launch.node_hours,
             budget_remaining=spec.budget_node_hours - self.counters.budget_spent,
             disposition=launch.disposition,
-            deadline=requested_at + timedelta(minutes=spec.approvals.timeout_minutes),
+            deadline=approval_deadline(row.requested_at, row.description, spec.approvals),
         )
         judgement = await self._await_answer(request, row, suspend)
         self.store.set_campaign_status(self.name, "running")

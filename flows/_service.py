@@ -15,7 +15,7 @@ import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -35,6 +35,7 @@ from prefect.types.entrypoint import EntrypointType
 
 from flows._approval import SYSTEM_TIMEOUT_APPROVER
 from flows._campaign import campaign_flow
+from flows._campaign_state import approval_deadline
 from flows._paths import campaign_dir, state_dir_from
 from flows._runner import RUNNER_QUERY_SECONDS, make_runner
 from flows._spec import LoadedSpec, load_campaign
@@ -231,8 +232,11 @@ def pending_approval(flow_run: FlowRun) -> PendingApproval:
     requested = row.requested_at if row else None
     if requested is not None and requested.tzinfo is None:
         requested = requested.replace(tzinfo=UTC)
+    # The flow computes its deadline with the same function from the same row.
     deadline = (
-        requested + timedelta(minutes=loaded.spec.approvals.timeout_minutes) if requested else None
+        approval_deadline(requested, row.description, loaded.spec.approvals)
+        if row is not None and requested is not None
+        else None
     )
     return PendingApproval(
         flow_run,

@@ -115,6 +115,15 @@ class ApprovalsSpec(_Strict):
     max_batch_override: bool = Field(
         default=True, description="Whether an approver may shrink the batch when approving."
     )
+    allocation_margin_minutes: float = Field(
+        default=15.0,
+        ge=0,
+        le=7 * 24 * 60,
+        description=(
+            "Answer by this long before the batch allocation ends (when its end is known), "
+            "so the campaign follows on_timeout cleanly instead of dying mid-wait."
+        ),
+    )
 
 
 class CampaignSpec(_Strict):

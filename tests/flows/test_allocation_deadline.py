@@ -1,0 +1,156 @@
+"""Approval deadlines that respect the batch allocation's end, the same on every replay."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows._approval import Approval, ApprovalRequest
+from flows._campaign_state import (
+    allocation_end,
+    allocation_note,
+    approval_deadline,
+    recorded_allocation_end,
+    walltime_remaining,
+)
+from flows._spec import ApprovalsSpec
+
+EPOCH_END = 1_800_000_000.0
+END = datetime.fromtimestamp(EPOCH_END, UTC)
+REQUESTED = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+DEMO = Path(__file__).parents[2] / "examples" / "demo"
+
+
+class TestAllocationEnd:
+    def test_reads_the_unattended_variable_first(self):
+        env = {"UNATTENDED_ALLOCATION_END": str(EPOCH_END), "SLURM_JOB_END_TIME": "1"}
+        assert allocation_end(env) == END
+
+    def test_reads_slurms_job_end_time(self):
+        assert allocation_end({"SLURM_JOB_END_TIME": str(int(EPOCH_END))}) == END
+
+    def test_an_unparsable_value_is_skipped_for_the_next_variable(self):
+        env = {"UNATTENDED_ALLOCATION_END": "soon", "SLURM_JOB_END_TIME": str(EPOCH_END)}
+        assert allocation_end(env) == END
+
+    def test_the_site_walltime_counts_from_the_jobs_start(self):
+        env = {"SLURM_JOB_START_TIME": str(EPOCH_END - 7200)}
+        assert allocation_end(env, walltime_seconds=7200.0) == END
+
+    def test_a_walltime_without_a_start_is_unknown(self):
+        assert allocation_end({}, walltime_seconds=7200.0) is None
+
+    def test_nothing_known_is_none(self):
+        assert allocation_end({}) is None
+        assert walltime_remaining({}) is None
+
+    def test_walltime_remaining_counts_down_to_the_end_and_stops_at_zero(self):
+        env = {"UNATTENDED_ALLOCATION_END": str(EPOCH_END)}
+        assert walltime_remaining(env, now=EPOCH_END - 90) == pytest.approx(90.0)
+        assert walltime_remaining(env, now=EPOCH_END + 90) == 0.0
+
+
+class TestAllocationNote:
+    def test_round_trips_the_end_through_the_rows_description(self):
+        assert recorded_allocation_end(allocation_note(END)) == END
+
+    def test_no_end_records_no_note(self):
+        assert allocation_note(None) is None
+        assert recorded_allocation_end(None) is None
+
+    def test_any_other_description_carries_no_end(self):
+        assert recorded_allocation_end("a human note") is None
+        assert recorded_allocation_end("allocation ends never") is None
+
+
+class TestApprovalDeadline:
+    approvals = ApprovalsSpec(timeout_minutes=60, allocation_margin_minutes=15)
+
+    def test_without_an_allocation_end_it_is_the_timeout(self):
+        deadline = approval_deadline(REQUESTED, None, self.approvals)
+        assert deadline == REQUESTED + timedelta(minutes=60)
+
+    def test_an_allocation_ending_first_bounds_it_by_its_end_minus_the_margin(self):
+        end = REQUESTED + timedelta(minutes=40)
+        deadline = approval_deadline(REQUESTED, allocation_note(end), self.approvals)
+        assert deadline == end - timedelta(minutes=15)
+
+    def test_an_allocation_ending_after_the_timeout_leaves_the_timeout(self):
+        end = REQUESTED + timedelta(hours=10)
+        deadline = approval_deadline(REQUESTED, allocation_note(end), self.approvals)
+        assert deadline == REQUESTED + timedelta(minutes=60)
+
+    def test_an_allocation_already_in_its_margin_times_out_at_once(self):
+        end = REQUESTED + timedelta(minutes=5)
+        assert approval_deadline(REQUESTED, allocation_note(end), self.approvals) == REQUESTED
+
+    def test_a_naive_requested_at_from_sqlite_is_read_as_utc(self):
+        naive = REQUESTED.replace(tzinfo=None)
+        assert approval_deadline(naive, None, self.approvals) == REQUESTED + timedelta(minutes=60)
+
+    def test_the_margin_is_bounded_in_the_spec(self):
+        with pytest.raises(ValueError, match="allocation_margin_minutes"):
+            ApprovalsSpec(allocation_margin_minutes=-1)
+
+
+class _Suspended(BaseException):
+    """Stands for Prefect's suspend: the process leaves the flow here (a BaseException)."""
+
+
+class TestEngineRecordsTheAllocationEnd:
+    @pytest.mark.asyncio
+    async def test_a_replay_elsewhere_computes_the_same_deadline(self, tmp_path: Path):
+        from flows._provenance import ProvenanceStore
+        from flows._round import CampaignEngine, Hooks
+        from flows._spec import load_campaign
+
+        shutil.copytree(DEMO, tmp_path / "demo")
+        spec_path = tmp_path / "demo" / "campaign-approval.toml"
+        # The surrogate planner proposes valid batches from the round's seed alone.
+        text = spec_path.read_text().replace(
+            'kind = "scripted"\ntranscript = "transcript.jsonl"', 'kind = "surrogate"'
+        )
+        spec_path.write_text(text)
+        loaded = load_campaign(spec_path)
+        assert loaded.spec.planner.kind == "surrogate"
+        store = ProvenanceStore.open(tmp_path / "state")
+        store.ensure_campaign(
+            loaded.spec.name, spec=loaded.raw, site="local", seed=7, code_version="test"
+        )
+        requests: list[ApprovalRequest] = []
+
+        async def suspend(request: ApprovalRequest, refused: int) -> Approval:
+            requests.append(request)
+            raise _Suspended
+
+        async def run_batch(index: int, candidates: Any, on_result: Any) -> list[Any]:
+            return []  # the deadline is all this test looks at; no round gets that far
+
+        def engine(env: Mapping[str, str]) -> CampaignEngine:
+            # Round 2 asks for approval: start there, as a resumed campaign would.
+            built = CampaignEngine(
+                loaded=loaded,
+                store=store,
+                run_batch=run_batch,
+                node_hours_per_simulation=1.0,
+                hooks=Hooks(suspend=suspend),
+                env=env,
+            )
+            built.next_round = 2
+            return built
+
+        soon = datetime.now(UTC) + timedelta(minutes=30)
+        with pytest.raises(_Suspended):
+            await engine({"SLURM_JOB_END_TIME": str(soon.timestamp())}).run()
+        with pytest.raises(_Suspended):
+            await engine({}).run()  # resumed on the login node: no allocation variables
+        store.close()
+        first, replayed = requests
+        margin = timedelta(minutes=loaded.spec.approvals.allocation_margin_minutes)
+        assert first.deadline == replayed.deadline
+        assert abs(first.deadline - (soon - margin)) < timedelta(seconds=1)
