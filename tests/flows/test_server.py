@@ -189,7 +189,7 @@ def _gone(process: psutil.Process) -> bool:
     try:
         process.wait(timeout=5)
     except psutil.TimeoutExpired:
-        return process.status() == psutil.STATUS_ZOMBIE
+        return bool(process.status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
     return True
@@ -198,7 +198,7 @@ def _gone(process: psutil.Process) -> bool:
 def _wait_for_children(pid: int) -> list[psutil.Process]:
     leader = psutil.Process(pid)
     for _ in range(100):
-        children = leader.children(recursive=True)
+        children: list[psutil.Process] = leader.children(recursive=True)
         if children:
             return children
         psutil.wait_procs([leader], timeout=0.05)

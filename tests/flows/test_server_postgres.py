@@ -9,9 +9,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from prefect import flow, get_client
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
-from prefect.flow_runs import resume_flow_run, suspend_flow_run
+from prefect.flow_runs import asuspend_flow_run, resume_flow_run
 from prefect.input import RunInput
 
 from flows._runner import deploy_flow, drive_once, make_runner
@@ -33,7 +33,7 @@ def _write_json(path: str, data: dict[str, str]) -> None:
 @flow(name="postgres-toy")
 async def postgres_toy(progress: str) -> None:
     """Suspend for a ``Go`` form, then write who approved."""
-    go = await suspend_flow_run(wait_for_input=Go, key="pg", timeout=600)
+    go = await asuspend_flow_run(wait_for_input=Go, key="pg", timeout=600)
     _write_json(progress, go.model_dump())
 
 
@@ -59,6 +59,7 @@ class TestPostgresServer:
         )
         progress = tmp_path / "approved.json"
         run = run_deployment(deployment_id, parameters={"progress": str(progress)}, timeout=0)
+        assert isinstance(run, FlowRun)
         drive_once(runner)
         resume_flow_run(run.id, run_input={"approver": "ana"})
         drive_once(runner)

@@ -57,9 +57,19 @@ async def approval_toy(progress: str) -> str:
     """Record a start, suspend for an ``Approval``, then record what the form said."""
     _record(progress, "started")
     form = Approval.with_initial_data(description=APPROVAL_DESCRIPTION)
-    approval = await suspend_flow_run(wait_for_input=form, key="round-1", timeout=600)
+    # In an async flow the call dispatches to asuspend_flow_run, but is typed as the sync one.
+    approval = await suspend_flow_run(  # type: ignore[misc]
+        wait_for_input=form, key="round-1", timeout=600
+    )
     _record(progress, "resumed", approval=approval.model_dump())
-    return approval.decision
+    return str(approval.decision)
+
+
+def _start_run(deployment: uuid.UUID | str, progress: Path) -> FlowRun:
+    """Create a run of ``deployment`` and return at once (``timeout=0``), as submit does."""
+    run = run_deployment(deployment, parameters={"progress": str(progress)}, timeout=0)
+    assert isinstance(run, FlowRun)  # the sync dispatch, typed as a union with a coroutine
+    return run
 
 
 def _events(progress: Path) -> list[dict[str, Any]]:
@@ -108,7 +118,7 @@ def _start_suspended_run(tmp_path: Path) -> SuspendedRun:
         runner, approval_toy, name=f"toy-{uuid.uuid4().hex[:8]}", by_module=False
     )
     progress = tmp_path / "progress.jsonl"
-    run = run_deployment(deployment_id, parameters={"progress": str(progress)}, timeout=0)
+    run = _start_run(deployment_id, progress)
     drive_once(runner)
     return SuspendedRun(runner, run.id, progress)
 
@@ -278,9 +288,7 @@ def _wait_for_deployment_then_run(deployment: str, progress: Path, timeout: floa
     deadline = time.monotonic() + timeout
     while True:
         try:
-            run: FlowRun = run_deployment(
-                deployment, parameters={"progress": str(progress)}, timeout=0
-            )
+            run = _start_run(deployment, progress)
         except ObjectNotFound:
             if time.monotonic() > deadline:
                 raise
