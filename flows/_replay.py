@@ -1,0 +1,468 @@
+"""Replay a changed policy against a finished campaign's recorded rounds, running nothing.
+
+Each recorded gate call's :class:`policies.RoundContext` is rebuilt from the
+provenance the way ``flows._round.CampaignEngine._decide`` builds it live: the
+batch is the accepted attempt's candidates (or the recorded fallback), counters
+(budget spent, consecutive fallbacks, earlier decisions) are carried forward as
+``_assimilate`` advances them, but from the *new* policy's decisions. The new
+policy starts from an empty state and keeps its own.
+
+What the record cannot say is stated, never guessed silently:
+
+* node-hours per simulation: ``--node-hours-per-simulation`` if given, else derived
+  from the recorded budget counters (spent after a round minus spent before, over
+  the launched batch's size: exactly what the engine charged), else the cost in
+  the site config named by the campaign row;
+* walltime left on the allocation: not recorded, so unknown (``None``);
+* whether the run could pause for an approval: inferred from the recorded
+  decisions (an ASK turned into an escalation means it could not), else yes;
+* a new ASK with no recorded answer is assumed approved; a recorded answer for
+  the same request (round and gate call) is reused;
+* a new Retry goes on to the next recorded gate call; if none was recorded the
+  planner's next answer is unknown, the recorded batch stands in, and later
+  rounds are marked as diverged.
+
+A new stop (block, escalation, rejected approval) means the later rounds would
+never have run: they are reported as "not reached".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from flows._campaign_state import Counters
+from flows._provenance import ProvenanceStore
+from flows._provenance import _readers as readers
+from flows._spec import CampaignSpec, spec_from_dict
+from policies import BatchSummary, Policy, RoundContext, proposal_key
+
+NOT_REACHED = "not reached"
+NO_RECORD = "no record"
+STOPS = frozenset({"block", "escalate"})
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """One recorded gate call judged again (or a round the new policy never reaches)."""
+
+    round_index: int
+    call_index: int | None
+    disposition: str | None
+    recorded: str | None
+    recorded_rules: tuple[str, ...]
+    new: str
+    new_rules: tuple[str, ...] = ()
+    new_reason: str = ""
+    note: str = ""
+
+    @property
+    def differs(self) -> bool:
+        """Return whether the new policy's outcome differs from the recorded one."""
+        return self.new != (self.recorded or NO_RECORD)
+
+
+@dataclass
+class ReplayResult:
+    """Every step of a replay, how the campaign would have ended, and the assumptions."""
+
+    campaign: str
+    policy: str
+    recorded_status: str
+    new_status: str
+    new_error_code: str | None
+    node_hours_per_simulation: float
+    node_hours_source: str
+    can_suspend: bool
+    steps: list[ReplayStep] = field(default_factory=list)
+    stopped_round: int | None = None
+    diverged_from: int | None = None
+
+    def differences(self) -> dict[str, list[int]]:
+        """Return the rounds where the outcomes differ, by what the new policy does."""
+        found: dict[str, list[int]] = {
+            "stopped": [],
+            "asked": [],
+            "retried": [],
+            "continued": [],
+            "not_reached": [],
+        }
+        names = {"block": "stopped", "escalate": "stopped", "suspend": "asked"}
+        names |= {"retry": "retried", "continue": "continued", NOT_REACHED: "not_reached"}
+        for step in self.steps:
+            key = names.get(step.new)
+            if step.differs and key and step.round_index not in found[key]:
+                found[key].append(step.round_index)
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the replay as JSON-ready data."""
+        data = asdict(self)
+        for entry, step in zip(data["steps"], self.steps, strict=True):
+            entry["differs"] = step.differs
+        data["differences"] = self.differences()
+        return data
+
+
+def _recorded(store: ProvenanceStore, name: str) -> dict[str, Any]:
+    """Read what the replay needs: campaign row, rounds, gate calls, decisions, approvals."""
+    c, r, g, a = (
+        t.c for t in (readers.CAMPAIGNS, readers.ROUNDS, readers.GATE_CALLS, readers.ATTEMPTS)
+    )
+    b, d = readers.BATCHES.c, readers.DECISIONS.c
+    with store.engine.connect() as connection:
+        cid = readers.require_campaign(connection, name)
+        campaign = connection.execute(select(c.spec, c.site, c.status).where(c.id == cid)).one()
+        rounds = connection.execute(
+            select(r.round_index, r.status, r.policy_state)
+            .where(r.campaign_id == cid)
+            .order_by(r.round_index)
+        ).all()
+        calls = connection.execute(
+            select(g.id, g.round_index, g.call_index, g.disposition, g.fallback_value)
+            .where(g.campaign_id == cid)
+            .order_by(g.round_index, g.call_index)
+        ).all()
+        accepted = {
+            int(row.gate_call_id): row.value
+            for row in connection.execute(
+                select(a.gate_call_id, a.value)
+                .join(readers.GATE_CALLS, g.id == a.gate_call_id)
+                .where(g.campaign_id == cid, a.rejected_by.is_(None))
+            )
+        }
+        decisions = connection.execute(
+            select(d.round_index, d.seq, d.outcome, d.rules_fired, d.extra)
+            .where(d.campaign_id == cid)
+            .order_by(d.round_index, d.seq)
+        ).all()
+        batch_sizes: dict[int, int] = {}
+        for row in connection.execute(
+            select(b.round_index, b.candidates).where(b.campaign_id == cid).order_by(b.id)
+        ):
+            batch_sizes[int(row.round_index)] = len(row.candidates or [])
+        keys = connection.execute(
+            select(readers.APPROVALS.c.key).where(readers.APPROVALS.c.campaign_id == cid)
+        ).scalars()
+        approvals = {key: readers.approval(connection, key) for key in keys}
+    return {
+        "campaign": campaign,
+        "rounds": rounds,
+        "calls": calls,
+        "accepted": accepted,
+        "decisions": decisions,
+        "batch_sizes": batch_sizes,
+        "approvals": approvals,
+    }
+
+
+def derive_node_hours(record: Mapping[str, Any]) -> float | None:
+    """Return node-hours per simulation from the recorded budget counters, if any round shows it.
+
+    The engine charges ``len(batch) * node_hours_per_simulation`` per completed round;
+    the checkpointed ``budget_spent`` before and after a round gives it back.
+    """
+    spent_before = 0.0
+    for row in record["rounds"]:
+        state = row.policy_state if isinstance(row.policy_state, dict) else {}
+        if row.status != "completed" or not isinstance(state.get("campaign"), dict):
+            continue
+        spent_after = float(state["campaign"].get("budget_spent", 0.0))
+        size = record["batch_sizes"].get(int(row.round_index), 0)
+        if size > 0 and spent_after > spent_before:
+            # Site costs are written as short decimals: undo the float noise of the division.
+            return float(f"{(spent_after - spent_before) / size:.12g}")
+        spent_before = spent_after
+    return None
+
+
+def infer_can_suspend(record: Mapping[str, Any]) -> bool:
+    """Return False when a recorded ASK became an escalation (the run could not pause)."""
+    for row in record["decisions"]:
+        for firing in (row.extra or {}).get("fired", []) or []:
+            if firing.get("severity") == "ASK" and firing.get("effect") == "escalate":
+                return False
+    return True
+
+
+def _candidates(call: Any, accepted: Mapping[int, Any]) -> list[list[float]] | None:
+    if call.disposition == "accepted":
+        value = accepted.get(int(call.id))
+        rows = value.get("candidates") if isinstance(value, dict) else None
+    elif call.disposition == "fallback":
+        rows = call.fallback_value
+    else:  # pending or not_accepted: the gate never produced a batch
+        return None
+    return None if rows is None else [[float(x) for x in row] for row in rows]
+
+
+@dataclass
+class _Replayer:
+    name: str
+    spec: CampaignSpec
+    policy: Policy
+    record: Mapping[str, Any]
+    result: ReplayResult
+    counters: Counters = field(default_factory=Counters)
+
+    def run(self) -> None:
+        calls_by_round: dict[int, list[Any]] = {}
+        for call in self.record["calls"]:
+            calls_by_round.setdefault(int(call.round_index), []).append(call)
+        decided: dict[int, list[Any]] = {}
+        for row in self.record["decisions"]:
+            decided.setdefault(int(row.round_index), []).append(row)
+        indices = sorted({int(r.round_index) for r in self.record["rounds"]} | set(calls_by_round))
+        for index in indices:
+            calls, recorded = calls_by_round.get(index, []), decided.get(index, [])
+            if self.result.stopped_round is not None:
+                self._not_reached(index, calls, recorded)
+            else:
+                self._round(index, calls, recorded)
+
+    def _step(self, index: int, call: Any, recorded: list[Any], pos: int, **kw: Any) -> None:
+        row = recorded[pos] if pos < len(recorded) else None
+        self.result.steps.append(
+            ReplayStep(
+                round_index=index,
+                call_index=None if call is None else int(call.call_index),
+                disposition=None if call is None else call.disposition,
+                recorded=None if row is None else row.outcome,
+                recorded_rules=tuple(row.rules_fired or ()) if row is not None else (),
+                **kw,
+            )
+        )
+
+    def _not_reached(self, index: int, calls: list[Any], recorded: list[Any]) -> None:
+        for pos, call in enumerate(calls or [None]):
+            self._step(index, call, recorded, pos, new=NOT_REACHED)
+
+    def _stop(self, index: int, status: str, code: str | None) -> None:
+        self.result.stopped_round = index
+        self.result.new_status, self.result.new_error_code = status, code
+
+    def _diverge(self, index: int) -> None:
+        if self.result.diverged_from is None:
+            self.result.diverged_from = index
+
+    def _round(self, index: int, calls: list[Any], recorded: list[Any]) -> None:
+        spec = self.spec
+        launch: tuple[list[list[float]], str] | None = None
+        for pos, call in enumerate(calls):
+            candidates = _candidates(call, self.record["accepted"])
+            if candidates is None:
+                self._step(
+                    index,
+                    call,
+                    recorded,
+                    pos,
+                    new=NO_RECORD,
+                    note="the gate produced no batch here; the replay ends",
+                )
+                self._stop(index, self.result.recorded_status, None)
+                break
+            decision = self.policy.evaluate(
+                self._context(index, int(call.call_index), call, candidates)
+            )
+            kind = decision.outcome.kind
+            self.counters.decisions.append(kind)
+            rules = tuple(f.rule for f in decision.fired)
+            step = {"new": kind, "new_rules": rules, "new_reason": decision.outcome.reason}
+            if kind == "retry":
+                if int(call.call_index) > spec.policy_retries:
+                    self._step(
+                        index,
+                        call,
+                        recorded,
+                        pos,
+                        **step,
+                        note="policy retries exhausted: blocked (policy_denied)",
+                    )
+                    self._stop(index, "blocked", "policy_denied")
+                    return
+                if pos + 1 < len(calls):
+                    self._step(
+                        index,
+                        call,
+                        recorded,
+                        pos,
+                        **step,
+                        note="re-asks the planner: the next recorded gate call answers",
+                    )
+                    continue
+                self._step(
+                    index,
+                    call,
+                    recorded,
+                    pos,
+                    **step,
+                    note="would re-ask the planner; no recorded answer, the recorded "
+                    "batch stands in from here on",
+                )
+                self._diverge(index)
+                launch = (candidates, call.disposition)
+                break
+            if kind in STOPS:
+                code = getattr(decision.outcome, "code", None) or "policy_denied"
+                self._step(index, call, recorded, pos, **step, note=f"the campaign stops ({code})")
+                self._stop(index, "blocked" if kind == "block" else "escalated", code)
+                return
+            note = ""
+            if kind == "suspend":
+                approved, note = self._approval(index, call, candidates)
+                if approved is None:
+                    self._step(index, call, recorded, pos, **step, note=note)
+                    return
+                launch = approved
+            else:
+                modified = getattr(decision.outcome, "modified", None)
+                if modified:
+                    candidates = [list(map(float, c)) for c in modified]
+                launch = (candidates, call.disposition)
+            if pos + 1 < len(calls):
+                note = (note + "; " if note else "") + "runs this batch; the record re-asked"
+                self._diverge(index)
+            self._step(index, call, recorded, pos, **step, note=note)
+            break
+        if launch is None:
+            if not calls:
+                self._step(
+                    index,
+                    None,
+                    recorded,
+                    0,
+                    new=NO_RECORD,
+                    note="the recorded campaign never reached this round",
+                )
+                self._stop(index, self.result.recorded_status, None)
+            return
+        self._assimilate(index, launch)
+
+    def _approval(
+        self, index: int, call: Any, candidates: list[list[float]]
+    ) -> tuple[tuple[list[list[float]], str] | None, str]:
+        """Return what runs after the approval (None: the campaign stops) and a note.
+
+        The recorded answer to the same request (round, gate call) is reused;
+        without one the request is assumed approved.
+        """
+        spec = self.spec
+        row = self.record["approvals"].get(f"{self.name}-r{index}-c{int(call.call_index)}")
+        verdict = None if row is None else row.decision
+        if verdict is None:
+            if row is not None:
+                self._stop(index, "awaiting_approval", None)
+                return None, "the recorded request is still awaiting an answer"
+            return (candidates, call.disposition), "would have asked for approval; assumed approved"
+        note = f"would have asked for approval; recorded answer: {verdict}"
+        if verdict == "rejected":
+            self._stop(index, "blocked", "approval_rejected")
+            return None, note
+        if verdict == "timeout":
+            if spec.approvals.on_timeout == "stop":
+                self._stop(index, "blocked", "approval_timeout")
+                return None, note
+            return ([[float(x) for x in c] for c in call.fallback_value], "fallback"), note
+        size = (row.overrides or {}).get("batch_size") if isinstance(row.overrides, dict) else None
+        if size and spec.approvals.max_batch_override:
+            candidates = candidates[: int(size)]
+        return (candidates, call.disposition), note
+
+    def _context(
+        self, index: int, call_index: int, call: Any, candidates: list[list[float]]
+    ) -> RoundContext:
+        nhps = self.result.node_hours_per_simulation
+        return RoundContext(
+            campaign=self.name,
+            round_index=index,
+            attempt=call_index,
+            batch=BatchSummary(
+                size=len(candidates), candidates=candidates, node_hours=len(candidates) * nhps
+            ),
+            proposal_key=proposal_key(candidates),
+            disposition=call.disposition,
+            consecutive_fallbacks=self.counters.consecutive_fallbacks
+            + (call.disposition == "fallback"),
+            budget_spent=self.counters.budget_spent,
+            budget_remaining=self.spec.budget_node_hours - self.counters.budget_spent,
+            walltime_remaining=None,
+            earlier_decisions=tuple(self.counters.decisions),
+            can_suspend=self.result.can_suspend,
+        )
+
+    def _assimilate(self, index: int, launch: tuple[list[list[float]], str]) -> None:
+        candidates, disposition = launch
+        hours = len(candidates) * self.result.node_hours_per_simulation
+        if hours > self.spec.budget_node_hours - self.counters.budget_spent + 1e-9:
+            last = self.result.steps[-1]
+            self.result.steps[-1] = ReplayStep(
+                **{**asdict(last), "note": "the batch exceeds the budget: blocked"}
+            )
+            self._stop(index, "blocked", "budget_exceeded")
+            return
+        self.counters.budget_spent += hours
+        self.counters.consecutive_fallbacks = (
+            self.counters.consecutive_fallbacks + 1 if disposition == "fallback" else 0
+        )
+
+
+def replay(
+    store: ProvenanceStore,
+    name: str,
+    policy: Policy,
+    *,
+    node_hours_per_simulation: float | None = None,
+    can_suspend: bool | None = None,
+    site_node_hours: float | None = None,
+) -> ReplayResult:
+    """Judge every recorded round of campaign ``name`` again with ``policy`` (fresh state).
+
+    Args:
+        store: The campaign's provenance store (read-only is enough).
+        name: The campaign.
+        policy: The new policy; its state is reset first and advanced by the replay.
+        node_hours_per_simulation: The cost per simulation; None derives it from the
+            recorded budget counters, then falls back to ``site_node_hours``.
+        can_suspend: Whether the run could pause for approvals; None infers it.
+        site_node_hours: The cost from the campaign's site config, the last resort.
+
+    Raises:
+        NotFound: No campaign ``name``.
+        SpecInvalid: The recorded spec does not validate, or no node-hours figure is known.
+    """
+    record = _recorded(store, name)
+    campaign = record["campaign"]
+    spec = spec_from_dict(dict(campaign.spec), source=f"campaign {name!r} (recorded spec)")
+    source = "given"
+    nhps = node_hours_per_simulation
+    if nhps is None:
+        nhps, source = derive_node_hours(record), "derived from the recorded budget counters"
+    if nhps is None and site_node_hours is not None:
+        nhps, source = site_node_hours, f"site config {campaign.site!r}"
+    if nhps is None:
+        from policies import SpecInvalid
+
+        raise SpecInvalid(
+            "cannot tell the node-hours per simulation; pass --node-hours-per-simulation",
+            details={"campaign": name, "field": "node_hours_per_simulation"},
+        )
+    policy.reset()
+    result = ReplayResult(
+        campaign=name,
+        policy=policy.name,
+        recorded_status=str(campaign.status),
+        new_status="completed",
+        new_error_code=None,
+        node_hours_per_simulation=nhps,
+        node_hours_source=source,
+        can_suspend=infer_can_suspend(record) if can_suspend is None else can_suspend,
+    )
+    _Replayer(name, spec, policy, record, result).run()
+    if result.stopped_round is None and campaign.status != "completed":
+        # The recorded run stopped and the new policy would have gone on: what the
+        # rounds after the record's end would have done is unknown.
+        result.new_status = "runs past the record"
+    return result

@@ -1,0 +1,460 @@
+"""Write a campaign's offline HTML report from its provenance database.
+
+The report is one self-contained HTML file (figures embedded as base64 PNG data
+URIs) plus the same PNG files beside it. It reads only the provenance store, never
+Prefect or the allocation. Every recorded value is HTML-escaped: proposals,
+rationales and rejection reasons come from an agent and are untrusted.
+
+matplotlib is imported lazily (Agg backend) when figures are drawn, so importing
+this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from flows._provenance import ProvenanceStore
+from flows._provenance import _readers as readers
+
+REPORT_FILE = "report.html"
+FIGURE_FILES = ("best.png", "dispositions.png", "rejections.png", "simulation.png")
+_TOP_REASONS = 50
+_RATIONALE_CHARS = 300
+
+
+def _seconds(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def _rationales(store: ProvenanceStore, cid: int) -> dict[int, str]:
+    """Return the accepted proposal's rationale per round (the last accepted call wins)."""
+    g, a = readers.GATE_CALLS.c, readers.ATTEMPTS.c
+    query = (
+        select(g.round_index, a.value)
+        .join(readers.ATTEMPTS, a.gate_call_id == g.id)
+        .where(g.campaign_id == cid, g.disposition == "accepted", a.rejected_by.is_(None))
+        .order_by(g.round_index, g.call_index)
+    )
+    found: dict[int, str] = {}
+    with store.engine.connect() as connection:
+        for row in connection.execute(query):
+            if isinstance(row.value, dict) and isinstance(row.value.get("rationale"), str):
+                found[int(row.round_index)] = row.value["rationale"]
+    return found
+
+
+def _rejections(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
+    """Return rejection reasons ranked by count: rejected_by, reason, count."""
+    g, a = readers.GATE_CALLS.c, readers.ATTEMPTS.c
+    count = func.count().label("n")
+    query = (
+        select(a.rejected_by, a.reason, count)
+        .join(readers.GATE_CALLS, g.id == a.gate_call_id)
+        .where(g.campaign_id == cid, a.rejected_by.is_not(None))
+        .group_by(a.rejected_by, a.reason)
+        .order_by(count.desc(), a.rejected_by, a.reason)
+    )
+    with store.engine.connect() as connection:
+        return [
+            {"rejected_by": r.rejected_by, "reason": r.reason or "", "count": int(r.n)}
+            for r in connection.execute(query)
+        ]
+
+
+def _batches(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
+    """Return each batch's wall time (launched to finished) and its task runtimes."""
+    b, t = readers.BATCHES.c, readers.TASK_RESULTS.c
+    batches: dict[int, dict[str, Any]] = {}
+    with store.engine.connect() as connection:
+        for row in connection.execute(
+            select(b.id, b.key, b.round_index, b.backend, b.candidates, b.status)
+            .add_columns(b.launched_at, b.finished_at)
+            .where(b.campaign_id == cid)
+            .order_by(b.round_index, b.id)
+        ):
+            data = readers.plain(row)
+            batches[int(row.id)] = {
+                "key": row.key,
+                "round_index": int(row.round_index),
+                "backend": row.backend,
+                "status": row.status,
+                "candidates": len(row.candidates or []),
+                "launched_at": data["launched_at"],
+                "finished_at": data["finished_at"],
+                "wall_seconds": _seconds(data["launched_at"], data["finished_at"]),
+                "runtimes": [],
+                "done": 0,
+                "failed": 0,
+            }
+        for row in connection.execute(
+            select(t.batch_id, t.status, t.runtime).where(t.batch_id.in_(list(batches)))
+        ):
+            entry = batches[int(row.batch_id)]
+            entry["done" if row.status == "done" else "failed"] += 1
+            if row.runtime is not None:
+                entry["runtimes"].append(float(row.runtime))
+    for entry in batches.values():
+        runtimes = entry.pop("runtimes")
+        entry["runtime"] = (
+            {
+                "min": min(runtimes),
+                "median": statistics.median(runtimes),
+                "mean": statistics.fmean(runtimes),
+                "max": max(runtimes),
+            }
+            if runtimes
+            else None
+        )
+        entry["runtimes"] = runtimes
+    return list(batches.values())
+
+
+def _approvals(store: ProvenanceStore, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return each approval request with who decided, the verdict and the wait."""
+    rows = []
+    for entry in summary["approvals"]:
+        row = store.find_approval(entry["key"])
+        if row is None:
+            continue
+        requested = row.requested_at.isoformat()
+        decided = row.decided_at.isoformat() if row.decided_at else None
+        rows.append(
+            {
+                "round_index": row.round_index,
+                "key": row.key,
+                "rule": row.rule,
+                "approvers_allowed": list(row.approvers_allowed),
+                "requested_at": requested,
+                "decided_at": decided,
+                "wait_seconds": _seconds(requested, decided),
+                "decided_by": row.decided_by,
+                "decision": row.decision or "pending",
+                "refused_answers": sum(1 for e in row.events if not e.allowed),
+            }
+        )
+    return rows
+
+
+def collect(store: ProvenanceStore, name: str) -> dict[str, Any]:
+    """Return everything the report shows for campaign ``name`` (JSON-ready).
+
+    Raises:
+        NotFound: No campaign named ``name`` in this store.
+    """
+    summary = store.summary(name)
+    with store.engine.connect() as connection:
+        cid = readers.require_campaign(connection, name)
+    rationales = _rationales(store, cid)
+    best_so_far: float | None = None
+    for entry in summary["rounds"]:
+        best = entry["best"]
+        if best is not None and (best_so_far is None or best < best_so_far):
+            best_so_far = best
+        entry["best_so_far"] = best_so_far
+        finished = sum(n for d, n in entry["dispositions"].items() if d != "pending")
+        entry["acceptance_rate"] = (
+            entry["dispositions"].get("accepted", 0) / finished if finished else None
+        )
+        entry["rationale"] = rationales.get(entry["index"])
+    return {
+        **summary,
+        "rejections": _rejections(store, cid),
+        "approvals": _approvals(store, summary),
+        "batches": _batches(store, cid),
+    }
+
+
+# -- figures ---------------------------------------------------------------------------
+
+
+def _png(figure: Any) -> bytes:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+def figures(data: dict[str, Any]) -> dict[str, bytes]:
+    """Draw the report's figures as PNG bytes by file name; figures without data are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # no pyplot: no global figure registry to leak
+    from matplotlib.ticker import MaxNLocator
+
+    drawn: dict[str, bytes] = {}
+    rounds = data["rounds"]
+    scored = [r for r in rounds if r["best"] is not None]
+    if scored:
+        fig = Figure(figsize=(7, 3.5))
+        ax = fig.subplots()
+        ax.plot([r["index"] for r in scored], [r["best"] for r in scored], "o", label="round best")
+        ax.step(
+            [r["index"] for r in scored],
+            [r["best_so_far"] for r in scored],
+            where="post",
+            label="best so far",
+        )
+        ax.set(xlabel="round", ylabel="objective (lower is better)", title="Best result")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize="small")
+        drawn["best.png"] = _png(fig)
+    if rounds:
+        fig = Figure(figsize=(7, 3.5))
+        ax = fig.subplots()
+        xs = [r["index"] for r in rounds]
+        bottom = [0] * len(rounds)
+        for disposition in ("accepted", "fallback", "not_accepted", "pending"):
+            heights = [r["dispositions"].get(disposition, 0) for r in rounds]
+            if any(heights):
+                ax.bar(xs, heights, bottom=bottom, label=disposition)
+                bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set(xlabel="round", ylabel="gate calls", title="Dispositions and acceptance rate")
+        rate = ax.twinx()
+        rate.plot(xs, [r["acceptance_rate"] for r in rounds], "k.-", label="acceptance rate")
+        rate.set(ylim=(-0.05, 1.05), ylabel="acceptance rate")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="lower left", fontsize="small", framealpha=0.8)
+        drawn["dispositions.png"] = _png(fig)
+    if data["rejections"]:
+        by_check: dict[str, int] = {}
+        for entry in data["rejections"]:
+            by_check[entry["rejected_by"]] = by_check.get(entry["rejected_by"], 0) + entry["count"]
+        ranked = sorted(by_check.items(), key=lambda kv: (-kv[1], kv[0]))[:15][::-1]
+        fig = Figure(figsize=(7, 0.5 + 0.35 * len(ranked)))
+        ax = fig.subplots()
+        ax.barh([k for k, _ in ranked], [v for _, v in ranked])
+        ax.set(xlabel="rejected attempts", title="Rejections by check")
+        drawn["rejections.png"] = _png(fig)
+    batches = [b for b in data["batches"] if b["wall_seconds"] is not None or b["runtimes"]]
+    if batches:
+        fig = Figure(figsize=(7, 5))
+        wall, runtime = fig.subplots(2, 1, sharex=True)
+        xs = list(range(len(batches)))
+        wall.bar(xs, [b["wall_seconds"] or 0.0 for b in batches])
+        wall.set(ylabel="seconds", title="Batch wall time (launched to finished)")
+        runtime.boxplot([b["runtimes"] or [0.0] for b in batches], positions=xs)
+        runtime.set(ylabel="seconds", title="Task runtimes per batch")
+        runtime.set_xticks(xs, [f"r{b['round_index']}" for b in batches])
+        drawn["simulation.png"] = _png(fig)
+    return drawn
+
+
+# -- HTML ------------------------------------------------------------------------------
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
+table{border-collapse:collapse;margin:0.5em 0 1.5em}
+th,td{border:1px solid #ccc;padding:0.25em 0.5em;text-align:left;vertical-align:top}
+th{background:#f3f3f3} img{max-width:100%} .muted{color:#777}
+"""
+
+
+def _text(value: Any) -> str:
+    """Return ``value`` as escaped HTML text (numbers to 6 significant digits)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return html.escape(f"{value:.6g}")
+    if isinstance(value, str):
+        return html.escape(value)
+    return html.escape(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{_text(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_text(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(drawn: dict[str, bytes], name: str, alt: str) -> str:
+    if name not in drawn:
+        return '<p class="muted">Nothing recorded for this figure.</p>'
+    encoded = base64.b64encode(drawn[name]).decode("ascii")
+    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}"></p>'
+
+
+_BATCH_COLUMNS = (
+    "batch",
+    "round",
+    "backend",
+    "candidates",
+    "done",
+    "failed",
+    "launched",
+    "wall (s)",
+    "runtime min",
+    "median",
+    "mean",
+    "max",
+)
+
+
+def _batch_row(batch: dict[str, Any]) -> tuple[Any, ...]:
+    runtime = batch["runtime"] or {}
+    return (
+        batch["key"],
+        batch["round_index"],
+        batch["backend"],
+        batch["candidates"],
+        batch["done"],
+        batch["failed"],
+        batch["launched_at"],
+        batch["wall_seconds"],
+        *(runtime.get(k) for k in ("min", "median", "mean", "max")),
+    )
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.1%}"
+
+
+def render_html(data: dict[str, Any], drawn: dict[str, bytes]) -> str:
+    """Return the report as one HTML document (figures embedded)."""
+    c, t = data["campaign"], data["totals"]
+    best = data["best_result"]
+    status = c["status"] + (f" ({c['error_code']})" if c["error_code"] else "")
+    best_line = (
+        "no finished task"
+        if best is None
+        else f"{best['objective']:.6g} in round {best['round_index']}, batch {best['batch']}, "
+        f"task {best['task_index']}"
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>Campaign {_text(c['name'])}: report</title><style>{_STYLE}</style></head><body>",
+        f"<h1>Campaign {_text(c['name'])}</h1>",
+        _table(
+            ("status", "site", "seed", "code", "created", "updated"),
+            [(status, c["site"], c["seed"], c["code_version"], c["created_at"], c["updated_at"])],
+        ),
+        f"<p>{_text(t['rounds'])} rounds, {_text(t['gate_calls'])} gate calls, "
+        f"{_text(t['attempts'])} attempts; acceptance rate {_percent(t['acceptance_rate'])} of "
+        f"gate calls; {_text(t['fallbacks'])} fallbacks. Best result: {_text(best_line)}.</p>",
+        '<h2 id="best">Best result per round</h2>',
+        _figure(drawn, "best.png", "best result per round"),
+        _table(
+            ("round", "status", "decision", "tasks done", "best", "best so far", "rationale"),
+            [
+                (
+                    r["index"],
+                    r["status"],
+                    r["decision"],
+                    f"{r['done']}/{r['tasks']}",
+                    r["best"],
+                    r["best_so_far"],
+                    (r["rationale"] or "")[:_RATIONALE_CHARS] or None,
+                )
+                for r in data["rounds"]
+            ],
+        ),
+        '<h2 id="acceptance">Acceptance and dispositions per round</h2>',
+        _figure(drawn, "dispositions.png", "dispositions and acceptance rate per round"),
+        _table(
+            ("round", "gate calls", "dispositions", "attempts", "acceptance rate"),
+            [
+                (
+                    r["index"],
+                    r["gate_calls"],
+                    r["dispositions"],
+                    r["attempts"],
+                    _percent(r["acceptance_rate"]),
+                )
+                for r in data["rounds"]
+            ],
+        ),
+        '<h2 id="rejections">Reasons for rejection</h2>',
+        _figure(drawn, "rejections.png", "rejections by check"),
+        _table(
+            ("rank", "rejected by", "reason", "count"),
+            [
+                (i, e["rejected_by"], e["reason"], e["count"])
+                for i, e in enumerate(data["rejections"][:_TOP_REASONS], start=1)
+            ],
+        ),
+        '<h2 id="approvals">Approvals</h2>',
+        _table(
+            (
+                "round",
+                "key",
+                "rule",
+                "requested",
+                "decided",
+                "wait (s)",
+                "by",
+                "verdict",
+                "refused",
+            ),
+            [
+                (
+                    a["round_index"],
+                    a["key"],
+                    a["rule"],
+                    a["requested_at"],
+                    a["decided_at"],
+                    a["wait_seconds"],
+                    a["decided_by"],
+                    a["decision"],
+                    a["refused_answers"],
+                )
+                for a in data["approvals"]
+            ],
+        )
+        if data["approvals"]
+        else '<p class="muted">No approval was requested.</p>',
+        '<h2 id="simulation">Simulation time per batch</h2>',
+        _figure(drawn, "simulation.png", "batch wall time and task runtimes"),
+        _table(_BATCH_COLUMNS, [_batch_row(b) for b in data["batches"]]),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _write(path: Path, content: bytes) -> None:
+    """Write ``content`` to a temporary file beside ``path`` and rename it into place."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_report(store: ProvenanceStore, name: str, output: str | os.PathLike[str]) -> Path:
+    """Write campaign ``name``'s report into folder ``output``; return the HTML file's path.
+
+    Everything is read and drawn before the folder is created, so an unknown
+    campaign (:class:`policies.NotFound`) writes nothing.
+    """
+    data = collect(store, name)
+    drawn = figures(data)
+    document = render_html(data, drawn).encode("utf-8")
+    folder = Path(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    for file_name in FIGURE_FILES:
+        if file_name in drawn:
+            _write(folder / file_name, drawn[file_name])
+        else:  # an older report's figure would no longer match this one
+            (folder / file_name).unlink(missing_ok=True)
+    target = folder / REPORT_FILE
+    _write(target, document)
+    return target
