@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows._cli_campaign",
     "flows._cli_server",
     "flows._cli_inspect",
+    "flows._cli_report",
 )
 
 
