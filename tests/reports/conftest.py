@@ -1,0 +1,95 @@
+"""A real recorded campaign for the report and replay tests.
+
+``recorded_campaign`` runs the demo approval campaign once per session with the
+engine itself (local site, real executables, a real SQLite provenance database):
+four rounds, a fallback in round 1, and an approval in round 2 that one person
+who is not allowed answers before alice approves. The transcript is changed so
+that round 0's accepted rationale carries a ``<script>`` tag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+PLANTED = "<script>alert('planted')</script> spread the batch"
+
+
+@dataclass(frozen=True)
+class RecordedCampaign:
+    """Where the recorded campaign lives."""
+
+    name: str
+    folder: Path  # the copied demo files (policies, spec)
+    database: Path  # the campaign directory holding provenance.db
+    planted: str = PLANTED  # round 0's accepted rationale
+
+
+def _plant_script(transcript: Path) -> None:
+    lines = transcript.read_text().splitlines()
+    entry = json.loads(lines[1])  # round 0, attempt 2: the accepted answer
+    entry["answer"]["rationale"] = PLANTED
+    lines[1] = json.dumps(entry)
+    transcript.write_text("\n".join(lines) + "\n")
+
+
+async def _run(spec_path: Path, database: Path) -> None:
+    from flows._approval import Approval, ApprovalRequest
+    from flows._provenance import ProvenanceStore
+    from flows._round import CampaignEngine, Hooks
+    from flows._simulation import build_checks, build_run_batch
+    from flows._spec import load_campaign
+    from tasks._executor import AllocationExecutor
+    from tasks._site import load_site
+
+    answers = iter(
+        [
+            Approval(decision="approve", approver="mallory", comment="not mine to give"),
+            Approval(decision="approve", approver="alice", comment="round 2 reviewed"),
+        ]
+    )
+
+    async def suspend(request: ApprovalRequest, refused: int) -> Approval:
+        return next(answers)
+
+    loaded = load_campaign(spec_path)
+    site = load_site("local", env=os.environ)
+    store = ProvenanceStore.open(database)
+    try:
+        store.ensure_campaign(
+            loaded.spec.name, spec=loaded.raw, site="local", seed=loaded.spec.seed, code_version="t"
+        )
+        async with AllocationExecutor.from_site(site) as executor:
+            engine = CampaignEngine(
+                loaded=loaded,
+                store=store,
+                run_batch=build_run_batch(executor, store, loaded),
+                node_hours_per_simulation=site.cost.node_hours_per_simulation,
+                checks=build_checks(executor, loaded),
+                hooks=Hooks(suspend=suspend),
+                env={},
+            )
+            result = await engine.run()
+        assert result.status == "completed", result
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="session")
+def recorded_campaign(tmp_path_factory: pytest.TempPathFactory) -> RecordedCampaign:
+    """Run the demo approval campaign once and return where it is recorded."""
+    folder = tmp_path_factory.mktemp("demo")
+    for item in EXAMPLES.iterdir():
+        if item.is_file():
+            shutil.copy(item, folder / item.name)
+    _plant_script(folder / "transcript.jsonl")
+    database = folder / "state" / "campaigns" / "demo-approval"
+    asyncio.run(_run(folder / "campaign-approval.toml", database))
+    return RecordedCampaign("demo-approval", folder, database)
