@@ -301,9 +301,10 @@ def server_status(config: ServerConfig, *, probe_timeout: float = 2.0) -> Server
 
 def stop_server(config: ServerConfig) -> bool:
     """Stop our server: SIGTERM its process group, SIGKILL after the grace; True if it ran."""
-    pid = _live_pid(config)
-    if pid is None:
+    record = _live_record(config)
+    if record is None:
         return False
+    pid = int(record["pid"])
     _signal_group(pid, signal.SIGTERM)
     with contextlib.suppress(psutil.NoSuchProcess):
         try:
@@ -369,12 +370,6 @@ def _write_pid_file(config: ServerConfig, pid: int) -> None:
     }
     config.pid_path.write_text(json.dumps(record), encoding="utf-8")
     config.pid_path.chmod(0o600)
-
-
-def _live_pid(config: ServerConfig) -> int | None:
-    """Return the PID from the PID file if that process is still ours, else clean up."""
-    record = _live_record(config)
-    return None if record is None else int(record["pid"])
 
 
 def _live_record(config: ServerConfig) -> dict[str, Any] | None:
