@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -22,24 +24,20 @@ pytestmark = pytest.mark.timeout(120)
 def report(recorded_campaign: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """Write the report once through the CLI; return its path and what the CLI printed."""
     output = tmp_path_factory.mktemp("report") / "out"
-    capture = subprocess.run(  # a real process: the console script's own argv handling
-        [
-            sys.executable,
-            "-m",
-            "flows._cli",
-            "report",
-            recorded_campaign.name,
-            "--db",
-            str(recorded_campaign.database),
-            "--output",
-            str(output),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=110,
-    )
-    return output / REPORT_FILE, capture.stdout
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(
+            [
+                "report",
+                recorded_campaign.name,
+                "--db",
+                str(recorded_campaign.database),
+                "--output",
+                str(output),
+            ]
+        )
+    assert code == 0
+    return output / REPORT_FILE, printed.getvalue()
 
 
 @pytest.fixture(scope="module")
