@@ -102,6 +102,7 @@ class Telemetry:
 
 
 _installed: Telemetry | None = None
+OTLP_TIMEOUT_SECONDS = 5.0
 
 
 def configure_telemetry(
@@ -122,11 +123,17 @@ def configure_telemetry(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         base = otlp_endpoint.rstrip("/")
+        # A collector that is down must not hold the campaign: each export (with its
+        # retries) gives up after OTLP_TIMEOUT_SECONDS; the JSON lines still have it all.
         tracer_provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces"))
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=OTLP_TIMEOUT_SECONDS)
+            )
         )
         logger_provider.add_log_record_processor(
-            BatchLogRecordProcessor(OTLPLogExporter(endpoint=f"{base}/v1/logs"))
+            BatchLogRecordProcessor(
+                OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=OTLP_TIMEOUT_SECONDS)
+            )
         )
     trace.set_tracer_provider(tracer_provider)
     _logs.set_logger_provider(logger_provider)
