@@ -180,12 +180,16 @@ def objective_of(value: Any) -> float | None:
 
 
 def as_dict(record: Any) -> Any:
-    """Return a row (or a structure of rows) as JSON-ready data."""
+    """Return a row (or a list or tuple of rows) as JSON-ready data.
+
+    Rows' JSON columns already hold plain data and are returned as they are;
+    only dataclasses, tuples of rows and datetimes are converted.
+    """
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         return {f.name: as_dict(getattr(record, f.name)) for f in dataclasses.fields(record)}
-    if isinstance(record, Mapping):
-        return {str(k): as_dict(v) for k, v in record.items()}
-    if isinstance(record, list | tuple):
+    if isinstance(record, tuple) or (
+        isinstance(record, list) and record and dataclasses.is_dataclass(record[0])
+    ):
         return [as_dict(v) for v in record]
     if isinstance(record, datetime):
         return utc(record).isoformat()  # type: ignore[union-attr]  # not None here
