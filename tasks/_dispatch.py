@@ -35,7 +35,7 @@ from typing import Any
 import cloudpickle
 
 from policies import UnattendedError
-from tasks._executables import ExecOutcome, run_executable, run_executable_blocking
+from tasks._executables import ExecOutcome, SpawnFailed, run_executable, run_executable_blocking
 from tasks._results import ExecutableTask, FunctionTask, TaskStatus, jsonable, tail
 
 #: Exceptions that mean the worker, not the task, went away: always transient.
@@ -270,7 +270,16 @@ class Dispatcher:
     ) -> AttemptOutcome:
         """Run one attempt of an executable task."""
         if self.remote_kind == "local":
-            out = await run_executable(task, time_limit=time_limit, grace=self.grace)
+            try:
+                out = await run_executable(task, time_limit=time_limit, grace=self.grace)
+            except SpawnFailed as exc:
+                return AttemptOutcome(
+                    status="failed",
+                    host=self.host,
+                    stderr_tail=str(exc),
+                    error_code="task_failed",
+                    reason="spawn failed",
+                )
             return executable_outcome(out, task, self.transient_codes, time_limit)
         if self.remote_kind == "radical_pilot":
             return await self._executable_pilot(task, time_limit)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -86,12 +87,21 @@ def release_process(owner: object) -> None:
         _live_owner = None
 
 
+def pool_workers(backend: LocalBackend) -> int:
+    """Return the worker count of a local site's pool (the executors' own defaults)."""
+    if backend.max_workers is not None:
+        return backend.max_workers
+    cpus = os.cpu_count() or 1
+    return min(32, cpus + 4) if backend.executor == "thread" else cpus
+
+
 def local_pool(backend: LocalBackend) -> Executor:
     """Build the process or thread pool of a local site."""
+    workers = pool_workers(backend)
     if backend.executor == "thread":
-        return ThreadPoolExecutor(max_workers=backend.max_workers, thread_name_prefix="unattended")
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="unattended")
     context = multiprocessing.get_context(backend.start_method) if backend.start_method else None
-    return ProcessPoolExecutor(max_workers=backend.max_workers, mp_context=context)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
 
 
 @dataclass

@@ -34,6 +34,13 @@ FD_HEADROOM = 64
 _READ_CHUNK = 65_536
 
 
+class SpawnFailed(Exception):  # noqa: N818  # a fact about the task, reported as its record
+    """The program could not be started (not found, not executable, bad cwd)."""
+
+    def __init__(self, program: str, cause: OSError) -> None:
+        super().__init__(f"cannot start {program!r}: {type(cause).__name__}: {cause.strerror}")
+
+
 @dataclass(frozen=True)
 class ExecOutcome:
     """What one run of an executable produced."""
@@ -125,15 +132,28 @@ async def run_executable(
     A timeout ends the whole process group; so does cancelling the caller.
     """
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        *task.argv,
-        stdin=subprocess.PIPE if task.stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=task.env,
-        cwd=task.cwd,
-        start_new_session=True,
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *task.argv,
+            stdin=subprocess.PIPE if task.stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=task.env,
+            cwd=task.cwd,
+            start_new_session=True,
+        )
     )
+    try:
+        proc = await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        # Cancelled while asyncio was still wiring up a child that already runs
+        # (it may have forked its own children): finish, then end the group.
+        await asyncio.wait({spawn})
+        if not spawn.cancelled() and spawn.exception() is None:
+            _signal_group(spawn.result().pid, signal.SIGKILL)
+        raise
+    except OSError as exc:
+        raise SpawnFailed(task.argv[0], exc) from None
     stdout_reader = asyncio.ensure_future(_read_all(proc.stdout))
     stderr_reader = asyncio.ensure_future(_read_tail(proc.stderr))
     feeder = asyncio.ensure_future(_feed(proc, task.stdin))

@@ -180,6 +180,14 @@ class TestExecutableTasks:
         assert result.exit_code == 0
 
     @pytest.mark.asyncio
+    async def test_a_program_that_cannot_start_is_a_failure_record(self) -> None:
+        async with AllocationExecutor.from_site(local_site()) as executor:
+            result = await executor.submit(ExecutableTask(["/no/such/solver", "--fast"]))
+        assert result.status == "failed"
+        assert result.error_code == "task_failed"
+        assert "cannot start '/no/such/solver'" in result.stderr_tail
+
+    @pytest.mark.asyncio
     async def test_stdout_that_is_not_json_gives_no_value(self) -> None:
         async with AllocationExecutor.from_site(local_site()) as executor:
             result = await executor.submit(ExecutableTask(["echo", "hello"]))
