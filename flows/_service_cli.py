@@ -139,29 +139,41 @@ def serve_foreground(query_seconds: float) -> int:
 
 
 def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
-    """Print a run's progress until it ends; return the campaign's exit code."""
+    """Show a run's progress until it ends; return the campaign's exit code.
+
+    Progress (rounds, gate calls, attempts, batches, tasks done and failed) is
+    read once a second from the campaign's provenance database, opened read-only,
+    beside the flow run's state: with ``rich`` on a terminal, as plain lines
+    otherwise. Ctrl-C stops following; the campaign goes on.
+    """
     from flows._cli_campaign import EXIT_CODES
+    from flows._progress import CampaignProgress
     from flows._service import read_run
 
+    progress = CampaignProgress(live=sys.stdout.isatty())
     last = None
     try:
-        while True:
-            flow_run = asyncio.run(read_run(flow_run_id))
-            state = flow_run.state
-            name = state.type.value if state else "UNKNOWN"
-            if name != last:
-                print(
-                    f"[{time.strftime('%H:%M:%S')}] flow run {flow_run.name}: {state.name if state else name}",
-                    flush=True,
-                )
-                if name == "PAUSED":
-                    _print_how_to_approve(flow_run)
-                last = name
-            if name == "PAUSED" and not wait_for_approval:
-                return EXIT_CODES["awaiting_approval"]
-            if name in TERMINAL:
-                return _final(flow_run)
-            time.sleep(1.0)
+        with progress:
+            while True:
+                flow_run = asyncio.run(read_run(flow_run_id))
+                state = flow_run.state
+                name = state.type.value if state else "UNKNOWN"
+                progress.poll(flow_run)
+                if name != last:
+                    progress.say(
+                        f"[{time.strftime('%H:%M:%S')}] flow run {flow_run.name}: "
+                        f"{state.name if state else name}"
+                    )
+                    if name == "PAUSED":
+                        with progress.paused():
+                            _print_how_to_approve(flow_run)
+                    last = name
+                if name == "PAUSED" and not wait_for_approval:
+                    return EXIT_CODES["awaiting_approval"]
+                if name in TERMINAL:
+                    break
+                time.sleep(1.0)
+        return _final(flow_run)
     except KeyboardInterrupt:
         print(
             f"\nstopped following; the campaign goes on. Follow it again with "
