@@ -92,7 +92,7 @@ def _report(args: argparse.Namespace) -> int:
             path = write_report(store, args.campaign, output)
     except render.BAD_INPUT as exc:
         return _fail("report", render.describe(exc))
-    print(path)
+    print(os.path.abspath(path))
     return 0
 
 
@@ -192,9 +192,10 @@ def format_replay(result: ReplayResult, *, policy_file: str) -> str:
     end = result.new_status + (f" ({result.new_error_code})" if result.new_error_code else "")
     where = "" if result.stopped_round is None else f" in round {result.stopped_round}"
     lines.append(f"Recorded outcome: {result.recorded_status}; with the new policy: {end}{where}.")
-    if result.diverged_from is not None:
+    diverged = result.diverged_from
+    if diverged is not None and (result.stopped_round is None or result.stopped_round > diverged):
         lines.append(
-            f"From round {result.diverged_from} on the new policy would have run a different "
+            f"From round {diverged} on the new policy would have run a different "
             "batch than the record (or needed an answer the record lacks); later rounds are "
             "judged on the recorded batches."
         )

@@ -29,7 +29,7 @@ never have run: they are reported as "not reached".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -398,9 +398,8 @@ class _Replayer:
         hours = len(candidates) * self.result.node_hours_per_simulation
         if hours > self.spec.budget_node_hours - self.counters.budget_spent + 1e-9:
             last = self.result.steps[-1]
-            self.result.steps[-1] = ReplayStep(
-                **{**asdict(last), "note": "the batch exceeds the budget: blocked"}
-            )
+            note = "; ".join(n for n in (last.note, "the batch exceeds the budget: blocked") if n)
+            self.result.steps[-1] = replace(last, note=note)
             self._stop(index, "blocked", "budget_exceeded")
             return
         self.counters.budget_spent += hours
