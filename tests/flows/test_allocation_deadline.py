@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ EPOCH_END = 1_800_000_000.0
 END = datetime.fromtimestamp(EPOCH_END, UTC)
 REQUESTED = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 DEMO = Path(__file__).parents[2] / "examples" / "demo"
+LOCAL_SITE = Path(__file__).parents[2] / "site-configs" / "local.toml"
 
 
 class TestAllocationEnd:
@@ -102,55 +105,93 @@ class _Suspended(BaseException):
     """Stands for Prefect's suspend: the process leaves the flow here (a BaseException)."""
 
 
-class TestEngineRecordsTheAllocationEnd:
-    @pytest.mark.asyncio
-    async def test_a_replay_elsewhere_computes_the_same_deadline(self, tmp_path: Path):
-        from flows._provenance import ProvenanceStore
-        from flows._round import CampaignEngine, Hooks
-        from flows._spec import load_campaign
+@dataclass
+class Suspensions:
+    """A demo campaign's round 2 asking for approval, with every request the engine made."""
 
-        shutil.copytree(DEMO, tmp_path / "demo")
-        spec_path = tmp_path / "demo" / "campaign-approval.toml"
-        # The surrogate planner proposes valid batches from the round's seed alone.
-        text = spec_path.read_text().replace(
-            'kind = "scripted"\ntranscript = "transcript.jsonl"', 'kind = "surrogate"'
-        )
-        spec_path.write_text(text)
-        loaded = load_campaign(spec_path)
-        assert loaded.spec.planner.kind == "surrogate"
-        store = ProvenanceStore.open(tmp_path / "state")
-        store.ensure_campaign(
-            loaded.spec.name, spec=loaded.raw, site="local", seed=7, code_version="test"
-        )
-        requests: list[ApprovalRequest] = []
+    loaded: Any
+    state: Path
+    requests: list[ApprovalRequest] = field(default_factory=list)
+
+    async def ask(self, env: Mapping[str, str]) -> ApprovalRequest:
+        """Run the engine from round 2 (as a resumed run would) until it suspends."""
+        from flows._campaign import open_store
+        from flows._round import CampaignEngine, Hooks
+        from tasks import load_site
 
         async def suspend(request: ApprovalRequest, refused: int) -> Approval:
-            requests.append(request)
+            self.requests.append(request)
             raise _Suspended
 
         async def run_batch(index: int, candidates: Any, on_result: Any) -> list[Any]:
-            return []  # the deadline is all this test looks at; no round gets that far
+            return []  # never reached: round 2 suspends before its batch
 
-        def engine(env: Mapping[str, str]) -> CampaignEngine:
-            # Round 2 asks for approval: start there, as a resumed campaign would.
-            built = CampaignEngine(
-                loaded=loaded,
-                store=store,
-                run_batch=run_batch,
-                node_hours_per_simulation=1.0,
-                hooks=Hooks(suspend=suspend),
-                env=env,
-            )
-            built.next_round = 2
-            return built
+        store = open_store(load_site(LOCAL_SITE), self.loaded, self.state)
+        store.ensure_campaign(
+            self.loaded.spec.name, spec=self.loaded.raw, site="local", seed=7, code_version="t"
+        )
+        engine = CampaignEngine(
+            loaded=self.loaded,
+            store=store,
+            run_batch=run_batch,
+            node_hours_per_simulation=1.0,
+            hooks=Hooks(suspend=suspend),
+            env=env,
+        )
+        engine.next_round = 2
+        try:
+            with pytest.raises(_Suspended):
+                await engine.run()
+        finally:
+            store.close()
+        return self.requests[-1]
 
+
+@pytest.fixture
+def suspensions(tmp_path: Path) -> Suspensions:
+    from flows._spec import load_campaign
+
+    shutil.copytree(DEMO, tmp_path / "demo")
+    spec_path = tmp_path / "demo" / "campaign-approval.toml"
+    # The surrogate planner proposes valid batches from the round's seed alone.
+    text = spec_path.read_text().replace(
+        'kind = "scripted"\ntranscript = "transcript.jsonl"', 'kind = "surrogate"'
+    )
+    spec_path.write_text(text)
+    loaded = load_campaign(spec_path)
+    assert loaded.spec.planner.kind == "surrogate"
+    return Suspensions(loaded, tmp_path / "state")
+
+
+class TestEngineRecordsTheAllocationEnd:
+    @pytest.mark.asyncio
+    async def test_a_replay_elsewhere_computes_the_same_deadline(self, suspensions: Suspensions):
         soon = datetime.now(UTC) + timedelta(minutes=30)
-        with pytest.raises(_Suspended):
-            await engine({"SLURM_JOB_END_TIME": str(soon.timestamp())}).run()
-        with pytest.raises(_Suspended):
-            await engine({}).run()  # resumed on the login node: no allocation variables
-        store.close()
-        first, replayed = requests
-        margin = timedelta(minutes=loaded.spec.approvals.allocation_margin_minutes)
+        first = await suspensions.ask({"SLURM_JOB_END_TIME": str(soon.timestamp())})
+        replayed = await suspensions.ask({})  # resumed on the login node: no allocation variables
+        margin = timedelta(minutes=suspensions.loaded.spec.approvals.allocation_margin_minutes)
         assert first.deadline == replayed.deadline
         assert abs(first.deadline - (soon - margin)) < timedelta(seconds=1)
+
+    @pytest.mark.asyncio
+    async def test_the_watchdog_reads_the_same_deadline_as_the_flow(self, suspensions: Suspensions):
+        from prefect.client.schemas.objects import FlowRun
+        from prefect.states import Suspended
+
+        from flows._service import pending_approval
+
+        soon = datetime.now(UTC) + timedelta(minutes=30)
+        request = await suspensions.ask({"UNATTENDED_ALLOCATION_END": str(soon.timestamp())})
+        flow_run = FlowRun(
+            flow_id=uuid.uuid4(),
+            name="run",
+            parameters={
+                "spec_path": str(suspensions.loaded.path),
+                "site": str(LOCAL_SITE),
+                "state_dir": str(suspensions.state),
+            },
+            state=Suspended(pause_key=request.pause_key(0)),
+        )
+        pending = pending_approval(flow_run)
+        assert pending.key == request.key
+        assert pending.deadline == request.deadline
