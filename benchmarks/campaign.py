@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -276,11 +277,15 @@ async def resume_latencies(
     return measured
 
 
-def import_seconds(folder: Path) -> float:
-    """Time a fresh process importing the flow module: the floor of a run's start."""
+def import_seconds(folder: Path) -> tuple[float, float]:
+    """Time a fresh process importing the flow module (wall, CPU): a run's start-up floor."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import flows._campaign"], cwd=folder, check=True)
-    return time.perf_counter() - began
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 # -- the run ----------------------------------------------------------------------
@@ -338,7 +343,7 @@ def print_table(
     af: dict[str, Any],
     b: dict[str, Any],
     resumed: list[dict[str, Any]],
-    floor: float,
+    floor: tuple[float, float],
 ) -> None:
     print(
         f"\n1. orchestration: {rounds} rounds x {batch} candidates, surrogate planner, "
@@ -384,7 +389,13 @@ def print_table(
         f"   min {min(launched):.2f} s, median {statistics.median(launched):.2f} s "
         f"(target < 5 s: {verdict})"
     )
-    print(f"   floor: a fresh process importing flows._campaign takes {floor:.2f} s")
+    wall, cpu = floor
+    stretch = wall / cpu if cpu > 0 else float("nan")
+    print(
+        f"   floor: a fresh process importing flows._campaign: {wall:.2f} s wall, {cpu:.2f} s CPU"
+        f"\n   load stretch (wall / CPU of that import) {stretch:.1f}x; resume median / stretch "
+        f"= {statistics.median(launched) / stretch:.2f} s (a rough idle-node estimate)"
+    )
 
 
 def main() -> int:
