@@ -42,6 +42,7 @@ from policies import BatchSummary, Policy, RoundContext, proposal_key
 
 NOT_REACHED = "not reached"
 NO_RECORD = "no record"
+NOT_CALLED = "not called"
 STOPS = frozenset({"block", "escalate"})
 
 
@@ -96,6 +97,9 @@ class ReplayResult:
             key = names.get(step.new)
             if step.differs and key and step.round_index not in found[key]:
                 found[key].append(step.round_index)
+        # A round the new policy stopped in is "stopped", though its later calls are not reached.
+        judged = {i for kind, rounds in found.items() if kind != "not_reached" for i in rounds}
+        found["not_reached"] = [i for i in found["not_reached"] if i not in judged]
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,6 +253,14 @@ class _Replayer:
             self.result.diverged_from = index
 
     def _round(self, index: int, calls: list[Any], recorded: list[Any]) -> None:
+        start = len(self.result.steps)
+        self._judge_round(index, calls, recorded)
+        # Recorded gate calls the new policy never makes: it stopped, or ran an earlier batch.
+        new = NOT_REACHED if self.result.stopped_round is not None else NOT_CALLED
+        for pos in range(len(self.result.steps) - start, len(calls)):
+            self._step(index, calls[pos], recorded, pos, new=new)
+
+    def _judge_round(self, index: int, calls: list[Any], recorded: list[Any]) -> None:
         spec = self.spec
         launch: tuple[list[list[float]], str] | None = None
         for pos, call in enumerate(calls):

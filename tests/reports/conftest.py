@@ -2,9 +2,10 @@
 
 ``recorded_campaign`` runs the demo approval campaign once per session with the
 engine itself (local site, real executables, a real SQLite provenance database):
-four rounds, a fallback in round 1, and an approval in round 2 that one person
-who is not allowed answers before alice approves. The transcript is changed so
-that round 0's accepted rationale carries a ``<script>`` tag.
+four rounds, a fallback in round 1, an approval in round 2 that one person who
+is not allowed answers before alice approves, and a policy retry in round 3
+(two gate calls). The transcript is changed so that round 0's accepted rationale
+carries a ``<script>`` tag.
 """
 
 from __future__ import annotations
@@ -32,12 +33,26 @@ class RecordedCampaign:
     planted: str = PLANTED  # round 0's accepted rationale
 
 
-def _plant_script(transcript: Path) -> None:
+# A SOFT_BLOCK that refuses round 3's first gate call once, so the record holds a
+# round with two gate calls (a policy retry); the re-ask gets the same answer again.
+SECOND_LOOK = """
+[[rules]]
+name = "second-look"
+severity = "SOFT_BLOCK"
+when = "round.index == 3 && round.attempt == 1"
+"""
+
+
+def _prepare(folder: Path) -> None:
+    transcript = folder / "transcript.jsonl"
     lines = transcript.read_text().splitlines()
     entry = json.loads(lines[1])  # round 0, attempt 2: the accepted answer
     entry["answer"]["rationale"] = PLANTED
     lines[1] = json.dumps(entry)
+    lines.append(lines[-1])  # round 3, gate call 2: the answer after the policy's retry
     transcript.write_text("\n".join(lines) + "\n")
+    policy = folder / "approval-policy.toml"
+    policy.write_text(policy.read_text() + SECOND_LOOK)
 
 
 async def _run(spec_path: Path, database: Path) -> None:
@@ -89,7 +104,7 @@ def recorded_campaign(tmp_path_factory: pytest.TempPathFactory) -> RecordedCampa
     for item in EXAMPLES.iterdir():
         if item.is_file():
             shutil.copy(item, folder / item.name)
-    _plant_script(folder / "transcript.jsonl")
+    _prepare(folder)
     database = folder / "state" / "campaigns" / "demo-approval"
     asyncio.run(_run(folder / "campaign-approval.toml", database))
     return RecordedCampaign("demo-approval", folder, database)

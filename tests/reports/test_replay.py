@@ -16,6 +16,10 @@ from policies import load_policy
 
 pytestmark = pytest.mark.timeout(120)
 
+DEMO_APPROVAL_POLICY = (
+    Path(__file__).resolve().parents[2] / "examples" / "demo" / "approval-policy.toml"
+)
+
 HARD_STOP_FROM_ROUND_2 = """
 [policy]
 name = "stricter"
@@ -153,9 +157,24 @@ class TestStricterPolicy:
             "when = \"'suspend' in history.decisions\"\n",
         )
         data = replay_json(recorded_campaign, policy, capsys)
-        assert set(new_by_round(data).values()) == {"continue"}
+        assert "block" not in {s["new"] for s in data["steps"]}
+        assert data["new_status"] == "completed"
 
     def test_a_refusal_with_no_recorded_answer_is_flagged_as_diverging(
+        self, recorded_campaign: Any, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
+        policy = write_policy(
+            tmp_path,
+            '[[rules]]\nname = "no-round-2"\nseverity = "PERSISTENT_BLOCK"\n'
+            'when = "round.index == 2"\n',
+        )
+        data = replay_json(recorded_campaign, policy, capsys)
+        (step,) = [s for s in data["steps"] if s["round_index"] == 2]
+        assert step["new"] == "retry"
+        assert "no recorded answer" in step["note"]
+        assert data["diverged_from"] == 2
+
+    def test_a_refusal_the_record_answered_is_judged_on_the_recorded_answer(
         self, recorded_campaign: Any, tmp_path: Path, capsys: pytest.CaptureFixture
     ) -> None:
         policy = write_policy(
@@ -164,10 +183,23 @@ class TestStricterPolicy:
             'when = "round.index == 3"\n',
         )
         data = replay_json(recorded_campaign, policy, capsys)
-        (step,) = [s for s in data["steps"] if s["round_index"] == 3]
-        assert step["new"] == "retry"
-        assert "no recorded answer" in step["note"]
+        steps = [(s["call_index"], s["new"]) for s in data["steps"] if s["round_index"] == 3]
+        assert steps == [(1, "retry"), (2, "retry")]
+        assert (data["new_status"], data["new_error_code"]) == ("blocked", "policy_denied")
+        assert data["diverged_from"] is None
+
+
+class TestLenientPolicy:
+    def test_no_retry_runs_the_first_batch_and_the_recorded_re_ask_is_not_called(
+        self, recorded_campaign: Any, capsys: pytest.CaptureFixture
+    ) -> None:
+        # The demo's own approval policy: the recorded one minus the "second-look" rule.
+        data = replay_json(recorded_campaign, DEMO_APPROVAL_POLICY, capsys)
+        steps = [(s["call_index"], s["new"]) for s in data["steps"] if s["round_index"] == 3]
+        assert steps == [(1, "continue"), (2, "not called")]
         assert data["diverged_from"] == 3
+        assert data["new_status"] == "completed"
+        assert data["differences"]["continued"] == [3]
 
 
 class TestAskPolicy:
