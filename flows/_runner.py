@@ -110,6 +110,7 @@ def serve(
     flows: Iterable[Flow[Any, Any]],
     *,
     name: str | None = None,
+    deployment_name: str | None = None,
     query_seconds: float = RUNNER_QUERY_SECONDS,
     limit: int | None = None,
     by_module: bool = True,
@@ -117,12 +118,13 @@ def serve(
     """Deploy ``flows`` and execute their runs until SIGTERM or Ctrl-C.
 
     Needs ``PREFECT_API_URL`` (see ``client_env``). Each flow gets a deployment
-    named after it. SIGTERM lets in-flight runs be cancelled cleanly; a
+    ``<flow name>/<deployment_name or flow name>``; ``submit`` must use the same
+    name so its runs land on this runner. SIGTERM cancels in-flight runs; a
     suspended run is untouched and resumes with the next runner.
     """
     runner = make_runner(name=name, query_seconds=query_seconds, limit=limit)
     for flow in flows:
-        deploy_flow(runner, flow, by_module=by_module)
+        deploy_flow(runner, flow, name=deployment_name, by_module=by_module)
     try:
         asyncio.run(runner.start())
     except KeyboardInterrupt:

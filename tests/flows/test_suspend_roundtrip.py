@@ -235,14 +235,12 @@ class TestResumeEndpoint:
 
 
 _RUNNER_SCRIPT = """
-import asyncio, sys
+import sys
 from prefect.flows import load_flow_from_entrypoint
-from flows._runner import deploy_flow, make_runner
+from flows._runner import serve
 
-if __name__ == "__main__":
-    runner = make_runner()
-    deploy_flow(runner, load_flow_from_entrypoint(sys.argv[1]), name=sys.argv[2], by_module=False)
-    asyncio.run(runner.start())
+if __name__ == "__main__":  # the runner spawns flow runs with multiprocessing
+    serve([load_flow_from_entrypoint(sys.argv[1])], deployment_name=sys.argv[2], by_module=False)
 """
 
 
