@@ -174,7 +174,9 @@ def format_replay(result: ReplayResult, *, policy_file: str) -> str:
         lines.append(("  ".join(cells) + "  " + row[-1]).rstrip())
     lines.append("")
     differences = result.differences()
-    if not any(differences.values()):
+    if not result.steps:
+        lines.append("No round is recorded: nothing to replay.")
+    elif not any(differences.values()):
         lines.append("No differences: the new policy decides every recorded round as recorded.")
     else:
         lines.append("Differences (* above):")

@@ -1,29 +1,14 @@
 """Replay a changed policy against a finished campaign's recorded rounds, running nothing.
 
-Each recorded gate call's :class:`policies.RoundContext` is rebuilt from the
-provenance the way ``flows._round.CampaignEngine._decide`` builds it live: the
-batch is the accepted attempt's candidates (or the recorded fallback), counters
-(budget spent, consecutive fallbacks, earlier decisions) are carried forward as
-``_assimilate`` advances them, but from the *new* policy's decisions. The new
-policy starts from an empty state and keeps its own.
-
-What the record cannot say is stated, never guessed silently:
-
-* node-hours per simulation: ``--node-hours-per-simulation`` if given, else derived
-  from the recorded budget counters (spent after a round minus spent before, over
-  the launched batch's size: exactly what the engine charged), else the cost in
-  the site config named by the campaign row;
-* walltime left on the allocation: not recorded, so unknown (``None``);
-* whether the run could pause for an approval: inferred from the recorded
-  decisions (an ASK turned into an escalation means it could not), else yes;
-* a new ASK with no recorded answer is assumed approved; a recorded answer for
-  the same request (round and gate call) is reused;
-* a new Retry goes on to the next recorded gate call; if none was recorded the
-  planner's next answer is unknown, the recorded batch stands in, and later
-  rounds are marked as diverged.
-
-A new stop (block, escalation, rejected approval) means the later rounds would
-never have run: they are reported as "not reached".
+Each recorded gate call's :class:`policies.RoundContext` is rebuilt as
+``flows._round.CampaignEngine._decide`` builds it live (the accepted batch or the
+recorded fallback; budget spent, consecutive fallbacks and earlier decisions
+carried forward as ``_assimilate`` advances them, from the *new* policy's
+decisions), and judged by the new policy from an empty state. What the record
+cannot tell (the node-hours cost, the walltime, a human's answer to a new ASK,
+the planner's answer to a new Retry) is taken from a stated source or assumed
+and said so in the result; ``docs/replay.md`` lists each choice. A new stop
+means the later rounds would never have run: they are "not reached".
 """
 
 from __future__ import annotations
@@ -111,7 +96,7 @@ class ReplayResult:
         return data
 
 
-def _recorded(store: ProvenanceStore, name: str) -> dict[str, Any]:
+def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
     """Read what the replay needs: campaign row, rounds, gate calls, decisions, approvals."""
     c, r, g, a = (
         t.c for t in (readers.CAMPAIGNS, readers.ROUNDS, readers.GATE_CALLS, readers.ATTEMPTS)
@@ -148,9 +133,13 @@ def _recorded(store: ProvenanceStore, name: str) -> dict[str, Any]:
             select(b.round_index, b.candidates).where(b.campaign_id == cid).order_by(b.id)
         ):
             batch_sizes[int(row.round_index)] = len(row.candidates or [])
-        keys = connection.execute(
-            select(readers.APPROVALS.c.key).where(readers.APPROVALS.c.campaign_id == cid)
-        ).scalars()
+        keys = (
+            connection.execute(
+                select(readers.APPROVALS.c.key).where(readers.APPROVALS.c.campaign_id == cid)
+            )
+            .scalars()
+            .all()
+        )
         approvals = {key: readers.approval(connection, key) for key in keys}
     return {
         "campaign": campaign,
@@ -444,7 +433,7 @@ def replay(
         NotFound: No campaign ``name``.
         SpecInvalid: The recorded spec does not validate, or no node-hours figure is known.
     """
-    record = _recorded(store, name)
+    record = read_record(store, name)
     campaign = record["campaign"]
     spec = spec_from_dict(dict(campaign.spec), source=f"campaign {name!r} (recorded spec)")
     source = "given"

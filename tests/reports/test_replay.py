@@ -10,8 +10,7 @@ import pytest
 
 from flows._cli import main
 from flows._provenance import ProvenanceStore
-from flows._replay import NOT_REACHED, derive_node_hours, replay
-from flows._replay import _recorded as recorded_data
+from flows._replay import NOT_REACHED, derive_node_hours, read_record, replay
 from policies import load_policy
 
 pytestmark = pytest.mark.timeout(120)
@@ -226,7 +225,7 @@ class TestAskPolicy:
 class TestNodeHours:
     def test_derived_from_the_recorded_budget_counters(self, recorded_campaign: Any) -> None:
         with ProvenanceStore.open(recorded_campaign.database, read_only=True) as store:
-            assert derive_node_hours(recorded_data(store, recorded_campaign.name)) == 0.01
+            assert derive_node_hours(read_record(store, recorded_campaign.name)) == 0.01
 
     def test_an_explicit_value_is_used_and_said(
         self, recorded_campaign: Any, tmp_path: Path
