@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from acceptance import accept
 from policies import VerifierFailed
@@ -37,25 +32,6 @@ def local_site() -> SiteConfig:
             "retries": 0,
         }
     )
-
-
-@pytest.fixture(scope="module")
-def span_exporter() -> InMemorySpanExporter:
-    """Collect spans from the SDK provider, installing one if nobody has."""
-    exporter = InMemorySpanExporter()
-    provider: Any = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-        provider = trace.get_tracer_provider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
-@pytest.fixture
-def spans(span_exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
-    span_exporter.clear()
-    yield span_exporter
-    span_exporter.clear()
 
 
 def proposals(*values: float) -> Any:
@@ -131,9 +107,7 @@ class TestVerifier:
         assert outcome.value == [0.1, 0.2]
 
     @pytest.mark.asyncio
-    async def test_the_verifier_span_is_a_child_of_the_attempt_span(
-        self, spans: InMemorySpanExporter
-    ) -> None:
+    async def test_the_verifier_span_is_a_child_of_the_attempt_span(self, otel: Any) -> None:
         async with AllocationExecutor.from_site(local_site()) as executor:
             check = verifier(
                 executor,
@@ -142,7 +116,8 @@ class TestVerifier:
                 name="energy",
             )
             await accept(proposals(0.7, 0.2), checks=[check], attempts=2, name="design")
-        finished = spans.get_finished_spans()
+        # `otel` (tests/conftest.py) owns the global SDK providers, settable once.
+        finished = otel.spans()
         attempts = [s for s in finished if s.name == "accept.attempt design"]
         verifiers = [s for s in finished if s.name == "verifier energy"]
         assert len(attempts) == 2
