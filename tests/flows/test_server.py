@@ -31,6 +31,9 @@ from flows._server import (
 )
 from policies import SpecInvalid
 
+# The session's server start is bounded by start_server's own timeout; 120 s is per test.
+pytestmark = pytest.mark.timeout(120, func_only=True)
+
 
 def _session_config(handle: ServerHandle) -> ServerConfig:
     port = urlsplit(handle.api_url).port

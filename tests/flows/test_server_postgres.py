@@ -17,7 +17,12 @@ from prefect.input import RunInput
 from flows._runner import deploy_flow, drive_once, make_runner
 from flows._server import ServerHandle
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # The session's server start (12 s idle, over 60 s on a loaded 2-core box) is
+    # bounded by start_server's own timeout; the 120 s budget is for the test.
+    pytest.mark.timeout(120, func_only=True),
+]
 
 
 class Go(RunInput):

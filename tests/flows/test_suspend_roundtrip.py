@@ -33,7 +33,12 @@ from pydantic import Field
 from flows._runner import deploy_flow, drive_once, make_runner
 from flows._server import ServerHandle
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # The session's server start (12 s idle, over 60 s on a loaded 2-core box) is
+    # bounded by start_server's own timeout; the 120 s budget is for the test.
+    pytest.mark.timeout(120, func_only=True),
+]
 
 APPROVAL_DESCRIPTION = "## Approve round 1?\n\nThe batch needs **64 node-hours**."
 _ENTRYPOINT = f"{Path(__file__).resolve()}:approval_toy"
