@@ -59,14 +59,18 @@ async def suspended_campaign(tmp_path: Path, name: str) -> tuple[UUID, Path, Cam
     return submitted.flow_run_id, home, service
 
 
-async def open_resume_form(page: Any, url: str) -> Any:
+async def open_resume_form(page: Any, url: str, *, menu_shot: Path | None = None) -> Any:
     """Open the run page, then Resume from the page's menu; return the dialog."""
     from playwright.async_api import expect
 
     await page.goto(url)
     await expect(page.get_by_text("Suspended").first).to_be_visible(timeout=UI_TIMEOUT_MS)
     await page.locator("main").get_by_role("button", name="Open menu").click()
-    await page.get_by_role("menuitem", name="Resume").click()
+    resume = page.get_by_role("menuitem", name="Resume")
+    await expect(resume).to_be_visible()
+    if menu_shot is not None:
+        await page.screenshot(path=str(menu_shot))
+    await resume.click()
     dialog = page.get_by_role("dialog")
     await expect(dialog.get_by_role("heading", name="Proposed batch")).to_be_visible(
         timeout=UI_TIMEOUT_MS
@@ -103,7 +107,11 @@ class TestApproveInTheUI:
 
         name = "ui-approve"
         run_id, home, service = await suspended_campaign(tmp_path, name)
-        dialog = await open_resume_form(browser_page, flow_run_ui_url(prefect_api.ui_url, run_id))
+        dialog = await open_resume_form(
+            browser_page,
+            flow_run_ui_url(prefect_api.ui_url, run_id),
+            menu_shot=screenshot_dir / "approval-menu.png",
+        )
         await expect(dialog.get_by_text("review-round-2").first).to_be_visible()
         await browser_page.screenshot(path=str(screenshot_dir / "approval-request.png"))
 
