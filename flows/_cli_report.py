@@ -121,14 +121,13 @@ def _replay(args: argparse.Namespace) -> int:
     location = database_locations(args.db, args.campaign, os.environ)[0]
     try:
         with render.open_read_only(location) as store:
-            site = store.summary(args.campaign)["campaign"]["site"]
             result = replay(
                 store,
                 args.campaign,
                 policy,
                 node_hours_per_simulation=args.node_hours_per_simulation,
                 can_suspend=False if args.cannot_suspend else None,
-                site_node_hours=_site_node_hours(site),
+                site_node_hours=_site_node_hours,
             )
     except render.BAD_INPUT as exc:
         return _fail("replay", render.describe(exc))

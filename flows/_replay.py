@@ -13,13 +13,12 @@ means the later rounds would never have run: they are "not reached".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
 
-from flows._campaign_state import Counters
 from flows._provenance import ProvenanceStore
 from flows._provenance import _readers as readers
 from flows._spec import CampaignSpec, spec_from_dict
@@ -193,13 +192,26 @@ def _candidates(call: Any, accepted: Mapping[int, Any]) -> list[list[float]] | N
 
 
 @dataclass
+class _Counters:
+    """The campaign counters ``flows._campaign_state.Counters`` keeps, advanced the same way.
+
+    A copy of three fields rather than an import: that module pulls in the planners
+    and numpy, which the replay never needs.
+    """
+
+    budget_spent: float = 0.0
+    consecutive_fallbacks: int = 0
+    decisions: list[str] = field(default_factory=list)
+
+
+@dataclass
 class _Replayer:
     name: str
     spec: CampaignSpec
     policy: Policy
     record: Mapping[str, Any]
     result: ReplayResult
-    counters: Counters = field(default_factory=Counters)
+    counters: _Counters = field(default_factory=_Counters)
 
     def run(self) -> None:
         calls_by_round: dict[int, list[Any]] = {}
@@ -416,7 +428,7 @@ def replay(
     *,
     node_hours_per_simulation: float | None = None,
     can_suspend: bool | None = None,
-    site_node_hours: float | None = None,
+    site_node_hours: Callable[[str], float | None] | None = None,
 ) -> ReplayResult:
     """Judge every recorded round of campaign ``name`` again with ``policy`` (fresh state).
 
@@ -427,7 +439,8 @@ def replay(
         node_hours_per_simulation: The cost per simulation; None derives it from the
             recorded budget counters, then falls back to ``site_node_hours``.
         can_suspend: Whether the run could pause for approvals; None infers it.
-        site_node_hours: The cost from the campaign's site config, the last resort.
+        site_node_hours: Returns the cost in the site config of a given name, if it
+            loads; asked only when the record does not tell.
 
     Raises:
         NotFound: No campaign ``name``.
@@ -441,7 +454,7 @@ def replay(
     if nhps is None:
         nhps, source = derive_node_hours(record), "derived from the recorded budget counters"
     if nhps is None and site_node_hours is not None:
-        nhps, source = site_node_hours, f"site config {campaign.site!r}"
+        nhps, source = site_node_hours(str(campaign.site)), f"site config {campaign.site!r}"
     if nhps is None:
         from policies import SpecInvalid
 

@@ -280,3 +280,46 @@ class TestReplayBadInput:
         )
         assert code == 2
         assert "--node-hours-per-simulation" in err
+
+
+class TestNodeHoursFallback:
+    @pytest.fixture
+    def unstarted(self, tmp_path: Path) -> Path:
+        """Return a campaign directory whose campaign is recorded but ran no round."""
+        spec = {
+            "name": "unstarted",
+            "rounds": 2,
+            "batch_size": 2,
+            "budget_node_hours": 1.0,
+            "objective": {"lower": [0.0], "upper": [1.0]},
+            "planner": {"kind": "surrogate"},
+        }
+        with ProvenanceStore.open(tmp_path / "db") as store:
+            store.ensure_campaign("unstarted", spec=spec, site="gone", seed=1, code_version="t")
+        return tmp_path / "db"
+
+    def test_the_site_config_is_asked_when_the_record_does_not_tell(
+        self, unstarted: Path, tmp_path: Path
+    ) -> None:
+        asked: list[str] = []
+
+        def site_cost(site: str) -> float:
+            asked.append(site)
+            return 0.5
+
+        policy = load_policy(write_policy(tmp_path, '[policy]\nname = "no-rules"\n'))
+        with ProvenanceStore.open(unstarted, read_only=True) as store:
+            result = replay(store, "unstarted", policy, site_node_hours=site_cost)
+        assert asked == ["gone"]
+        assert (result.node_hours_per_simulation, result.node_hours_source) == (
+            0.5,
+            "site config 'gone'",
+        )
+
+    def test_no_known_cost_exits_2_asking_for_the_option(
+        self, unstarted: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
+        policy = write_policy(tmp_path, '[policy]\nname = "no-rules"\n')
+        argv = ["replay", "unstarted", "--policy", str(policy), "--db", str(unstarted)]
+        assert main(argv) == 2
+        assert "--node-hours-per-simulation" in capsys.readouterr().err
