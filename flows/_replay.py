@@ -13,6 +13,7 @@ means the later rounds would never have run: they are "not reached".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -265,16 +266,10 @@ class _Replayer:
         spec = self.spec
         launch: tuple[list[list[float]], str] | None = None
         for pos, call in enumerate(calls):
+            emit = functools.partial(self._step, index, call, recorded, pos)
             candidates = _candidates(call, self.record["accepted"])
             if candidates is None:
-                self._step(
-                    index,
-                    call,
-                    recorded,
-                    pos,
-                    new=NO_RECORD,
-                    note="the gate produced no batch here; the replay ends",
-                )
+                emit(new=NO_RECORD, note="the gate produced no batch here; the replay ends")
                 self._stop(index, self.result.recorded_status, None)
                 break
             decision = self.policy.evaluate(
@@ -286,31 +281,13 @@ class _Replayer:
             step = {"new": kind, "new_rules": rules, "new_reason": decision.outcome.reason}
             if kind == "retry":
                 if int(call.call_index) > spec.policy_retries:
-                    self._step(
-                        index,
-                        call,
-                        recorded,
-                        pos,
-                        **step,
-                        note="policy retries exhausted: blocked (policy_denied)",
-                    )
+                    emit(**step, note="policy retries exhausted: blocked (policy_denied)")
                     self._stop(index, "blocked", "policy_denied")
                     return
                 if pos + 1 < len(calls):
-                    self._step(
-                        index,
-                        call,
-                        recorded,
-                        pos,
-                        **step,
-                        note="re-asks the planner: the next recorded gate call answers",
-                    )
+                    emit(**step, note="re-asks the planner: the next recorded gate call answers")
                     continue
-                self._step(
-                    index,
-                    call,
-                    recorded,
-                    pos,
+                emit(
                     **step,
                     note="would re-ask the planner; no recorded answer, the recorded "
                     "batch stands in from here on",
@@ -320,14 +297,14 @@ class _Replayer:
                 break
             if kind in STOPS:
                 code = getattr(decision.outcome, "code", None) or "policy_denied"
-                self._step(index, call, recorded, pos, **step, note=f"the campaign stops ({code})")
+                emit(**step, note=f"the campaign stops ({code})")
                 self._stop(index, "blocked" if kind == "block" else "escalated", code)
                 return
             note = ""
             if kind == "suspend":
                 approved, note = self._approval(index, call, candidates)
                 if approved is None:
-                    self._step(index, call, recorded, pos, **step, note=note)
+                    emit(**step, note=note)
                     return
                 launch = approved
             else:
@@ -338,7 +315,7 @@ class _Replayer:
             if pos + 1 < len(calls):
                 note = (note + "; " if note else "") + "runs this batch; the record re-asked"
                 self._diverge(index)
-            self._step(index, call, recorded, pos, **step, note=note)
+            emit(**step, note=note)
             break
         if launch is None:
             if not calls:
