@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -248,6 +250,19 @@ SIGNAL_PROGRAM = textwrap.dedent(
 
 
 class TestSignalHandlers:
+    @pytest.mark.asyncio
+    async def test_an_event_loop_handler_from_before_is_back_after_shutdown(self) -> None:
+        loop = asyncio.get_running_loop()
+        heard = loop.create_future()
+        loop.add_signal_handler(signal.SIGHUP, lambda: heard.done() or heard.set_result("hup"))
+        try:
+            async with AllocationExecutor.from_site(local_site()) as executor:
+                await executor.submit(FunctionTask(abs, (-1,)))
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert await asyncio.wait_for(heard, 10) == "hup"
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+
     def test_handlers_from_before_the_engine_work_during_and_after_it(self) -> None:
         done = subprocess.run(
             [sys.executable, "-c", SIGNAL_PROGRAM],
