@@ -22,7 +22,7 @@ import pytest
 
 from flows._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
 
-_SERVER_START_TIMEOUT = 90.0  # a fresh SQLite database takes ~12 s on a loaded 2-core CI
+_SERVER_START_TIMEOUT = 180.0  # ~12 s idle; 90 s seen with several test sessions on 2 cores
 _PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
