@@ -206,8 +206,10 @@ class AllocationExecutor:
             and all(isinstance(task, FunctionTask) for task in todo)
         ):
             # The pool runs at most its worker count at once; more coroutines
-            # waiting on it only add switching (256 vs 8 was 4x slower for 10k).
-            width = min(width, 2 * pool_workers(spec))
+            # waiting on it only add switching (threads: 256 in flight vs 8 was
+            # 4x slower for 10k). A process pool's pipe needs a deeper queue.
+            depth = 2 if spec.executor == "thread" else 16
+            width = min(width, depth * pool_workers(spec))
         consumers = [asyncio.ensure_future(consume()) for _ in range(min(width, len(todo)))]
         try:
             await asyncio.gather(*consumers)
