@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-SHARED_ATTEMPTS = 20
-OWN_ATTEMPTS = 30
+SHARED_ATTEMPTS = 10
+OWN_ATTEMPTS = 15
 
 
 def write_campaign_events(url: str, worker: int, barrier: Any) -> None:
