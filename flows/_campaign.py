@@ -120,6 +120,7 @@ async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | No
                 flow_run_id=flow_run_id,
                 on_event=_event_logger(),
             ),
+            work_dir=directory,
         )
     finally:
         telemetry.flush()
@@ -128,13 +129,22 @@ async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | No
 
 
 async def run_campaign(
-    loaded: LoadedSpec, site: SiteConfig, store: ProvenanceStore, hooks: Hooks
+    loaded: LoadedSpec,
+    site: SiteConfig,
+    store: ProvenanceStore,
+    hooks: Hooks,
+    *,
+    work_dir: Path | None = None,
 ) -> CampaignResult:
-    """Run the campaign's remaining rounds on the site's executor."""
+    """Run the campaign's remaining rounds on the site's executor.
+
+    ``work_dir`` receives asyncflow's per-engine folder (the campaign directory).
+    """
     from tasks import AllocationExecutor
 
     store.set_campaign_status(loaded.spec.name, "running")
-    async with AllocationExecutor.from_site(site) as executor:
+    folder = str(work_dir) if work_dir is not None else None
+    async with AllocationExecutor.from_site(site, work_dir=folder) as executor:
         engine = CampaignEngine(
             loaded=loaded,
             store=store,

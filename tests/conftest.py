@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from flows._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
 
 # Variables that would let a test reach the developer's real services or state.
 # They are stripped once, when the run starts; session fixtures (a Prefect server
@@ -76,3 +82,114 @@ def otel() -> OTelCapture:
         _otel_capture = OTelCapture()
     _otel_capture.clear()
     return _otel_capture
+
+
+# ---------------------------------------------------------------------------------------
+# A real Prefect server for the tests that need one.
+#
+# ``prefect_server`` starts ONE server per session on 127.0.0.1 (free port, own
+# PREFECT_HOME, SQLite) with ``flows._server.start_server``, points this process at it
+# through ``os.environ`` and Prefect's settings, and stops it by PID at the end. Every
+# test that uses it gets its own result-storage folder, so a cached (``INPUTS``) task
+# result never leaks from one test into another. ``prefect_postgres_server`` does the
+# same on a fresh database of the machine's PostgreSQL (127.0.0.1:5432, trust auth).
+# ---------------------------------------------------------------------------------------
+
+_SERVER_START_TIMEOUT = 180.0  # ~12 s idle; 90 s seen with several test sessions on 2 cores
+_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _refresh_prefect_settings() -> None:
+    # Prefect reads its settings once, when first imported (during collection,
+    # before this fixture runs); make it read the environment again.
+    import prefect.context
+
+    prefect.context.refresh_global_settings_context()
+
+
+def _apply_env(updates: dict[str, str]) -> dict[str, str | None]:
+    saved = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
+    _refresh_prefect_settings()
+    return saved
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _refresh_prefect_settings()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """Start one real Prefect server (SQLite) for the session and point Prefect at it."""
+    config = ServerConfig(port=free_port(), state_dir=tmp_path_factory.mktemp("prefect-server"))
+    handle = start_server(config, timeout=_SERVER_START_TIMEOUT)
+    saved = _apply_env(client_env(handle))
+    try:
+        yield handle
+    finally:
+        _restore_env(saved)
+        stop_server(config)
+
+
+@pytest.fixture(autouse=True)
+def _per_test_result_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    """Give each test that uses ``prefect_server`` its own result storage folder."""
+    if "prefect_server" not in request.fixturenames:
+        yield
+        return
+    # Set in os.environ too: flow-run processes the runner spawns inherit it.
+    saved = _apply_env({"PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-results")})
+    try:
+        yield
+    finally:
+        _restore_env(saved)
+
+
+@pytest.fixture(scope="session")
+def prefect_postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """Start a Prefect server on a fresh PostgreSQL database; drop the database after."""
+    psycopg = pytest.importorskip("psycopg")
+    database = f"unattended_test_prefect_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(_PG_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError:
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{database}"')
+    config = ServerConfig(
+        port=free_port(),
+        state_dir=tmp_path_factory.mktemp("prefect-pg-server"),
+        database_url=f"postgresql+asyncpg://postgres@127.0.0.1:5432/{database}",
+    )
+    try:
+        yield start_server(config, timeout=_SERVER_START_TIMEOUT)
+    finally:
+        stop_server(config)
+        with psycopg.connect(_PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+@pytest.fixture
+def prefect_postgres_api(
+    prefect_postgres_server: ServerHandle, tmp_path: Path
+) -> Iterator[ServerHandle]:
+    """Point this process (and processes it spawns) at the PostgreSQL-backed server."""
+    env = client_env(prefect_postgres_server)
+    env["PREFECT_LOCAL_STORAGE_PATH"] = str(tmp_path / "prefect-results")
+    saved = _apply_env(env)
+    try:
+        yield prefect_postgres_server
+    finally:
+        _restore_env(saved)
