@@ -114,6 +114,15 @@ class TestReadOnly:
             assert store.summary("demo")["totals"]["rounds"] == 1
         assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
 
+    def test_reading_while_a_run_is_writing_sees_committed_rows(self, tmp_path: Path) -> None:
+        with ProvenanceStore.open(tmp_path) as writer:
+            writer.ensure_campaign("live", spec={}, site="s", seed=1, code_version="v")
+            assert (tmp_path / "provenance.db-wal").exists()
+            with ProvenanceStore.open(tmp_path, read_only=True) as reader:
+                assert [c["name"] for c in reader.campaigns()] == ["live"]
+                writer.start_round("live", 0)
+                assert reader.load_checkpoint("live").rounds == {0: "running"}
+
     def test_a_read_only_store_cannot_write(self, tmp_path: Path) -> None:
         ProvenanceStore.open(tmp_path).close()
         with (
