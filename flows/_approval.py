@@ -1,11 +1,8 @@
 """Approvals: the form a human fills in (Prefect UI or CLI), and how an answer is judged.
 
-The form is a Prefect ``RunInput``. The UI renders it from the JSON schema the
-flow stores when it suspends, with the request's description as markdown above.
-Measured UI behaviour shapes the fields: a switch left untouched is *omitted*
-from the input, so the decision is an explicit choice with a default, and the
-batch-size override is bounded per request so the server itself refuses an
-out-of-range value (the run then stays suspended).
+The request, its markdown description and the judgement of an answer live here
+and import no Prefect; the form itself (a Prefect ``RunInput``) is in
+``flows._approval_form`` and is also reachable as ``flows._approval.Approval``.
 """
 
 from __future__ import annotations
@@ -13,50 +10,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-from prefect.input import RunInput
-from pydantic import Field, create_model
+from typing import Any, Literal, Protocol
 
 SYSTEM_TIMEOUT_APPROVER = "unattended:deadline"
 
 
-class Approval(RunInput):
-    """An approver's answer to a request."""
+class Answer(Protocol):
+    """What ``judge`` reads from an answer (the form's ``Approval``, or a recorded one)."""
 
-    decision: Literal["approve", "reject"] = Field(
-        default="approve", description="Approve the batch as proposed, or reject it."
-    )
-    approver: str = Field(
-        min_length=1, max_length=100, description="Your name, as listed among the approvers."
-    )
-    comment: str = Field(default="", max_length=2000, description="Why (kept in the provenance).")
-    batch_size: int | None = Field(
-        default=None, ge=1, description="Optional: run only the first N candidates."
-    )
+    @property
+    def decision(self) -> str: ...
+    @property
+    def approver(self) -> str: ...
+    @property
+    def comment(self) -> str: ...
+    @property
+    def batch_size(self) -> int | None: ...
 
 
-def approval_form(*, batch_size: int, description: str, allow_override: bool) -> type[Approval]:
-    """Return the form for one request, its override bounded by the proposed batch."""
-    upper = batch_size if allow_override else 0
-    fields: dict[str, Any] = {
-        "batch_size": (
-            int | None,
-            Field(
-                default=None,
-                ge=1,
-                le=max(upper, 1),
-                description=(
-                    f"Optional: run only the first N of the {batch_size} candidates."
-                    if allow_override
-                    else "Overrides are switched off for this campaign; leave empty."
-                ),
-            ),
-        )
-    }
-    form = create_model("Approval", __base__=Approval, **fields)
-    form._description = description  # type: ignore[attr-defined]  # read by RunInput.save
-    return form
+def __getattr__(name: str) -> Any:
+    # The form is a Prefect RunInput; importing it lazily keeps the engine Prefect-free.
+    if name in {"Approval", "approval_form"}:
+        from flows import _approval_form
+
+        return getattr(_approval_form, name)
+    raise AttributeError(f"module 'flows._approval' has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -142,7 +120,7 @@ class Judgement:
     batch_size: int | None
 
 
-def judge(answer: Approval, request: ApprovalRequest, *, now: datetime | None = None) -> Judgement:
+def judge(answer: Answer, request: ApprovalRequest, *, now: datetime | None = None) -> Judgement:
     """Decide what an answer means: after the deadline it is a timeout, whoever sent it.
 
     An approver not among ``request.approvers`` is ``not_allowed`` whatever they

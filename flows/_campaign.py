@@ -22,7 +22,8 @@ from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
 from prefect.states import Completed, Failed, State
 
-from flows._approval import Approval, ApprovalRequest, approval_form, describe
+from flows._approval import ApprovalRequest, describe
+from flows._approval_form import Approval, approval_form
 from flows._paths import campaign_dir, state_dir_from
 from flows._provenance import ProvenanceStore
 from flows._round import CampaignEngine, CampaignResult, Hooks

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from acceptance import Attempt, Outcome, Rejected, accept
-from flows._approval import Approval, ApprovalRequest, Judgement, judge
+from flows._approval import Answer, ApprovalRequest, Judgement, judge
 from flows._campaign_state import (
     Counters,
     PlannerSlot,
@@ -40,7 +40,7 @@ tracer = trace.get_tracer("unattended.flows")
 T = TypeVar("T")
 
 Step = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
-Suspender = Callable[[ApprovalRequest, int], Awaitable[Approval]]
+Suspender = Callable[[ApprovalRequest, int], Awaitable[Answer]]
 TERMINAL = frozenset({"completed", "blocked", "escalated", "failed"})
 
 
