@@ -30,7 +30,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class TestDocsSite:
     def test_builds_strict_with_every_nav_page(self, site: Path):
         assert (site / "index.html").is_file()
-        for page in ("acceptance", "policies", "campaigns", "provenance", "telemetry"):
+        pages = ("acceptance", "policies", "campaigns", "provenance", "telemetry", "approvals")
+        for page in pages:
             assert (site / page / "index.html").is_file(), page
 
     def test_the_reference_is_generated_from_docstrings(self, site: Path):
