@@ -13,14 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from policies._context import RoundContext, cel_variables
 from policies._decision import Decision, Effect, Firing, render_feedback
 from policies._errors import SpecInvalid
 from policies._outcomes import Block, Escalate, Outcome, Retry, Suspend, combine
-from policies._rules import Rule, Severity, SoftBlockMode
+from policies._rules import Rule, Severity, SoftBlockMode, cel_module
 
 _STATE_VERSION = 1
 
@@ -198,7 +197,9 @@ class Policy:
             return self._latched_decision()
         variables = None
         if self._has_cel:
-            variables = cel.Context(cel_variables(ctx, with_candidates=self._with_candidates))
+            variables = cel_module().Context(
+                cel_variables(ctx, with_candidates=self._with_candidates)
+            )
         acts: list[_Act] = []
         for index, rule in enumerate(self.rules):
             detail = rule.check(ctx, variables)
