@@ -12,7 +12,6 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,33 +24,6 @@ def derive_seed(seed: int, *parts: int) -> int:
     """Return a seed for one round and gate call, stable across processes."""
     material = json.dumps([seed, *parts]).encode()
     return int.from_bytes(hashlib.sha256(material).digest()[:8], "big") >> 1
-
-
-@dataclass
-class Counters:
-    """Campaign-wide counts that policies read."""
-
-    budget_spent: float = 0.0
-    consecutive_fallbacks: int = 0
-    decisions: list[str] = field(default_factory=list)
-
-    def to_state(self) -> dict[str, Any]:
-        """Return the counters as JSON-ready data."""
-        return {
-            "budget_spent": self.budget_spent,
-            "consecutive_fallbacks": self.consecutive_fallbacks,
-            "decisions": list(self.decisions),
-        }
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any] | None) -> Counters:
-        """Rebuild the counters; unknown keys are ignored."""
-        state = state or {}
-        return cls(
-            budget_spent=float(state.get("budget_spent", 0.0)),
-            consecutive_fallbacks=int(state.get("consecutive_fallbacks", 0)),
-            decisions=[str(d) for d in state.get("decisions", [])],
-        )
 
 
 def build_policy(loaded: LoadedSpec, state: Mapping[str, Any] | None) -> Policy:

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from flows._counters import Counters
 from flows._provenance import ProvenanceStore
 from flows._provenance import _readers as readers
 from flows._spec import CampaignSpec, spec_from_dict
@@ -193,26 +194,13 @@ def _candidates(call: Any, accepted: Mapping[int, Any]) -> list[list[float]] | N
 
 
 @dataclass
-class _Counters:
-    """The campaign counters ``flows._campaign_state.Counters`` keeps, advanced the same way.
-
-    A copy of three fields rather than an import: that module pulls in the planners
-    and numpy, which the replay never needs.
-    """
-
-    budget_spent: float = 0.0
-    consecutive_fallbacks: int = 0
-    decisions: list[str] = field(default_factory=list)
-
-
-@dataclass
 class _Replayer:
     name: str
     spec: CampaignSpec
     policy: Policy
     record: Mapping[str, Any]
     result: ReplayResult
-    counters: _Counters = field(default_factory=_Counters)
+    counters: Counters = field(default_factory=Counters)
 
     def run(self) -> None:
         calls_by_round: dict[int, list[Any]] = {}
@@ -374,8 +362,7 @@ class _Replayer:
             ),
             proposal_key=proposal_key(candidates),
             disposition=call.disposition,
-            consecutive_fallbacks=self.counters.consecutive_fallbacks
-            + (call.disposition == "fallback"),
+            consecutive_fallbacks=self.counters.fallbacks_with(call.disposition),
             budget_spent=self.counters.budget_spent,
             budget_remaining=self.spec.budget_node_hours - self.counters.budget_spent,
             walltime_remaining=None,
@@ -392,10 +379,7 @@ class _Replayer:
             self.result.steps[-1] = replace(last, note=note)
             self._stop(index, "blocked", "budget_exceeded")
             return
-        self.counters.budget_spent += hours
-        self.counters.consecutive_fallbacks = (
-            self.counters.consecutive_fallbacks + 1 if disposition == "fallback" else 0
-        )
+        self.counters.after_batch(disposition, hours)
 
 
 def replay(

@@ -21,7 +21,6 @@ from opentelemetry import trace
 from acceptance import Attempt, Outcome, Rejected, accept
 from flows._approval import Answer, ApprovalRequest, Judgement, judge
 from flows._campaign_state import (
-    Counters,
     PlannerSlot,
     allocation_end,
     allocation_note,
@@ -31,6 +30,7 @@ from flows._campaign_state import (
     derive_seed,
     walltime_remaining,
 )
+from flows._counters import Counters
 from flows._spec import LoadedSpec
 from policies import BatchSummary, Decision, RoundContext, UnattendedError, classify, proposal_key
 from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
@@ -291,7 +291,7 @@ class CampaignEngine:
 
     def _decide(self, index: int, call_index: int, launch: _Launch) -> Decision:
         spec = self.loaded.spec
-        fallbacks = self.counters.consecutive_fallbacks + (launch.disposition == "fallback")
+        fallbacks = self.counters.fallbacks_with(launch.disposition)
         context = RoundContext(
             campaign=self.name,
             round_index=index,
@@ -456,10 +456,7 @@ class CampaignEngine:
                 values.append(float(value))
         if points:
             self.surrogate.assimilate(points, values)
-        self.counters.budget_spent += launch.node_hours
-        self.counters.consecutive_fallbacks = (
-            self.counters.consecutive_fallbacks + 1 if launch.disposition == "fallback" else 0
-        )
+        self.counters.after_batch(launch.disposition, launch.node_hours)
         self.store.checkpoint_round(
             self.name,
             index,

@@ -70,7 +70,7 @@ class Submitted:
 def validate_submission(
     spec_path: str | Path, site: str | None, env: Mapping[str, str]
 ) -> tuple[LoadedSpec, str]:
-    """Validate the spec, every file it names and the site; raise ``SpecInvalid``/``SiteInvalid``."""
+    """Validate the spec, the files it names and the site (``SpecInvalid``, ``SiteInvalid``)."""
     loaded = load_campaign(spec_path)
     site_name = site or loaded.spec.site
     load_site(site_name, env=env)

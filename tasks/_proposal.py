@@ -71,7 +71,8 @@ class Proposal(BaseModel):
     provider's response id; it is not part of the schema the model sees.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # JSON has no NaN: keep a rejected NaN candidate as "NaN" in the provenance, not null.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     rationale: str = Field(
         max_length=MAX_RATIONALE,
