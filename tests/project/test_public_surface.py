@@ -9,7 +9,9 @@ import sys
 import pytest
 
 import acceptance
+import flows
 import policies
+import tasks
 
 
 class TestExports:
@@ -24,7 +26,41 @@ class TestExports:
             "accept",
         ]
 
-    @pytest.mark.parametrize("module", [acceptance, policies])
+    def test_flows_all_is_pinned(self):
+        assert flows.__all__ == [
+            "Approval",
+            "ApprovalEventRecord",
+            "ApprovalRequest",
+            "ApprovalRow",
+            "CampaignEngine",
+            "CampaignResult",
+            "CampaignService",
+            "CampaignSpec",
+            "Checkpoint",
+            "Hooks",
+            "LoadedSpec",
+            "ProvenanceDatabaseError",
+            "ProvenanceStore",
+            "ServerConfig",
+            "ServerHandle",
+            "Submitted",
+            "TaskResultRecord",
+            "approval_form",
+            "approve_run",
+            "campaign_flow",
+            "configure_telemetry",
+            "expire_approvals",
+            "judge",
+            "load_campaign",
+            "load_server_config",
+            "run_campaign",
+            "spec_from_dict",
+            "start_server",
+            "stop_server",
+            "submit_campaign",
+        ]
+
+    @pytest.mark.parametrize("module", [acceptance, policies, tasks, flows])
     def test_all_is_resolvable(self, module):
         # Ordering is ruff's RUF022 (isort-style), checked by the linter.
         for name in module.__all__:
@@ -47,6 +83,14 @@ class TestImportWeight:
         loaded = loaded_modules_after("import policies")
         for heavy in ("prefect", "numpy", "opentelemetry.sdk"):
             assert heavy not in loaded, heavy
+
+    def test_importing_flows_loads_no_prefect(self):
+        loaded = loaded_modules_after("import flows")
+        assert "prefect" not in loaded
+
+    def test_the_campaign_engine_runs_without_prefect(self):
+        loaded = loaded_modules_after("from flows import CampaignEngine")
+        assert "prefect" not in loaded
 
     @pytest.mark.parametrize("package", ["acceptance", "policies", "tasks", "flows"])
     def test_each_package_imports_alone_in_a_clean_process(self, package):
