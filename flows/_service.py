@@ -277,16 +277,29 @@ class ResumeRefusedError(UnattendedError):
     code = "validation_failed"
 
 
+# The run turns Suspended a moment before its form's schema is stored; an answer in
+# that window is refused with this reason, so it is retried briefly.
+_SCHEMA_NOT_STORED = "schema not found"
+_SCHEMA_WAIT_SECONDS = 10.0
+
+
 async def resume_with(flow_run_id: UUID, run_input: dict[str, Any]) -> None:
     """Resume a suspended run with ``run_input``, exactly as the UI's form does."""
+    deadline = asyncio.get_running_loop().time() + _SCHEMA_WAIT_SECONDS
     async with get_client() as client:
-        flow_run = await client.read_flow_run(flow_run_id)
-        if flow_run.state is None or not flow_run.state.is_paused():
-            raise ResumeRefusedError(
-                f"flow run {flow_run_id} is not waiting for approval",
-                details={"flow_run_id": str(flow_run_id)},
-            )
-        result = await client.resume_flow_run(flow_run_id, run_input=run_input)
+        while True:
+            flow_run = await client.read_flow_run(flow_run_id)
+            if flow_run.state is None or not flow_run.state.is_paused():
+                raise ResumeRefusedError(
+                    f"flow run {flow_run_id} is not waiting for approval",
+                    details={"flow_run_id": str(flow_run_id)},
+                )
+            result = await client.resume_flow_run(flow_run_id, run_input=run_input)
+            reason = str(getattr(result.details, "reason", "") or "")
+            waiting_for_schema = _SCHEMA_NOT_STORED in reason.lower()
+            if not waiting_for_schema or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.25)
     if result.status.value.upper() != "ACCEPT":
         reason = getattr(result.details, "reason", None) or "refused"
         raise ResumeRefusedError(

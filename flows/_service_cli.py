@@ -119,9 +119,16 @@ def stop_runner() -> bool:
     return True
 
 
+# Flow-run processes inherit the runner's environment. The surrogate's matrices are
+# small; threaded BLAS on a shared login node only contends (2-4x slower measured).
+_SINGLE_THREADED_BLAS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def serve_foreground(query_seconds: float) -> int:
     """Serve campaign runs until SIGTERM or Ctrl-C."""
     connect(start=False)
+    for variable in _SINGLE_THREADED_BLAS:
+        os.environ.setdefault(variable, "1")
     from flows._service import CampaignService
 
     path = _runner_pid_file()
