@@ -31,6 +31,7 @@ from flows._campaign_state import (
     walltime_remaining,
 )
 from flows._counters import Counters
+from flows._failpoints import failpoint, failpoint_in_commit
 from flows._spec import LoadedSpec
 from policies import BatchSummary, Decision, RoundContext, UnattendedError, classify, proposal_key
 from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
@@ -196,6 +197,7 @@ class CampaignEngine:
                 fallback_hash=fallback.content_hash,
                 fallback_value=[list(c) for c in fallback.candidates],
             )
+            failpoint("after_fallback_recorded")
             outcome = await self.hooks.step(
                 f"gate round {index} call {call_index}",
                 # Bound now: the step runs before the loop moves on, but say so.
@@ -203,10 +205,12 @@ class CampaignEngine:
                     index, gate_id, fallback, feedback
                 ),
             )
+            failpoint("after_gate")
             launch = self._launch_of(outcome)
             decision = self._decide(index, call_index, launch)
             seq += 1
             self.store.record_decision(self.name, index, seq, decision_record(decision))
+            failpoint("after_decision_recorded")
             self.counters.decisions.append(decision.outcome.kind)
             self.hooks.on_event("decision", {"round": index, "outcome": decision.outcome.kind})
             kind = decision.outcome.kind
@@ -257,6 +261,7 @@ class CampaignEngine:
         async def producer(previous: tuple[Attempt[Proposal], ...]) -> Proposal:
             if previous:
                 self.store.record_attempt(gate_id, previous[-1])  # idempotent on its number
+                failpoint("after_attempt_recorded")
             done = len(previous)
             if done < len(recorded):
                 # Answered before a restart: replay the record, never ask again.
@@ -413,6 +418,7 @@ class CampaignEngine:
             self.hooks.on_event(
                 "suspend", {"round": request.round_index, "key": request.pause_key(refused)}
             )
+            failpoint("before_suspend")
             answer = await suspend(request, refused)
             judgement = judge(answer, request, now=self.now())
             self.store.record_approval_event(
@@ -424,6 +430,7 @@ class CampaignEngine:
                 allowed=judgement.verdict != "not_allowed",
                 event_key=request.pause_key(refused),
             )
+            failpoint("after_approval_recorded")
             if judgement.verdict != "not_allowed":
                 return judgement
             refused += 1
@@ -436,12 +443,15 @@ class CampaignEngine:
             raise RoundStop(
                 "blocked", "budget_exceeded", f"round {index}: batch exceeds the budget"
             )
-        progress = lambda result: self.hooks.on_event(  # noqa: E731  # one-line progress callback
-            "task", {"round": index, "status": getattr(result, "status", None)}
-        )
+
+        def progress(result: Any) -> None:
+            self.hooks.on_event("task", {"round": index, "status": getattr(result, "status", None)})
+            failpoint("mid_batch")
+
         batch = await self.hooks.step(
             f"launch round {index}", lambda: self.run_batch(index, launch.candidates, progress)
         )
+        failpoint("after_batch")
         await self.hooks.step(
             f"assimilate round {index}", lambda: self._assimilate(index, launch, batch)
         )
@@ -457,14 +467,19 @@ class CampaignEngine:
         if points:
             self.surrogate.assimilate(points, values)
         self.counters.after_batch(launch.disposition, launch.node_hours)
-        self.store.checkpoint_round(
-            self.name,
-            index,
-            surrogate_state=self.surrogate.to_state(),
-            policy_state={"policy": self.policy.to_state(), "campaign": self.counters.to_state()},
-            planner_state=self.planner.to_state(),
-            status="completed",
-        )
+        with failpoint_in_commit(self.store, "checkpoint_commit"):
+            self.store.checkpoint_round(
+                self.name,
+                index,
+                surrogate_state=self.surrogate.to_state(),
+                policy_state={
+                    "policy": self.policy.to_state(),
+                    "campaign": self.counters.to_state(),
+                },
+                planner_state=self.planner.to_state(),
+                status="completed",
+            )
+        failpoint("after_checkpoint")
         failed = sum(1 for r in results if r.status != "done")
         self.hooks.on_event(
             "batch", {"round": index, "done": len(results) - failed, "failed": failed}

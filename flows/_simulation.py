@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flows._failpoints import after_call
 from flows._spec import LoadedSpec
 from tasks._batch import Simulation, launch_batch
 from tasks._executor import AllocationExecutor
@@ -39,13 +40,15 @@ def build_run_batch(
     objective = loaded.spec.objective
     simulation_id = "demo-objective" if objective.simulation == "demo" else None
     simulation = Simulation.executable(simulation_argv(loaded), id=simulation_id)
+    # A crash test kills the process between the launch record and the first task.
+    launch_store = after_call(store, "record_batch_launched", "after_batch_launch_recorded")
 
     async def run_batch(
         round_index: int, candidates: list[list[float]], on_result: Callable[[Any], None] | None
     ) -> Any:
         return await launch_batch(
             executor,
-            store,
+            launch_store,
             campaign=loaded.spec.name,
             round_index=round_index,
             candidates=candidates,
