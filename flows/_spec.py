@@ -233,6 +233,15 @@ def _check_named_files(loaded: LoadedSpec) -> None:
                 f"{source}: field 'planner.transcript': no such file {transcript}",
                 details={"file": source, "field": "planner.transcript"},
             )
+        from tasks import ScriptedPlanner
+
+        try:
+            ScriptedPlanner(transcript)  # a bad line would otherwise fail mid-campaign
+        except SpecInvalid as exc:
+            raise SpecInvalid(
+                f"{source}: field 'planner.transcript': {exc.message}",
+                details={"file": source, "field": "planner.transcript", **exc.details},
+            ) from None
     if spec.policy is not None:
         from policies import load_policy
 
