@@ -9,11 +9,8 @@ never cached or persisted (``NO_CACHE``), so the database is the only memory.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -24,39 +21,18 @@ from prefect.states import Completed, Failed, State
 
 from flows._approval import ApprovalRequest, describe
 from flows._approval_form import Approval, approval_form
+from flows._direct import code_version, open_store, run_campaign
 from flows._paths import campaign_dir, state_dir_from
-from flows._provenance import ProvenanceStore
-from flows._round import CampaignEngine, CampaignResult, Hooks
-from flows._simulation import build_checks, build_run_batch
-from flows._spec import LoadedSpec, load_campaign
+from flows._round import CampaignResult, Hooks
+from flows._spec import load_campaign
 from flows._telemetry import configure_telemetry
-from tasks import SiteConfig, load_site
+from tasks import load_site
+
+# code_version, open_store and run_campaign live in flows._direct (no Prefect there) and
+# are re-exported here for the callers that import them from this module.
+__all__ = ["FLOW_NAME", "campaign_flow", "code_version", "final_state", "open_store", "run_campaign"]
 
 FLOW_NAME = "unattended-campaign"
-
-
-def code_version() -> str:
-    """Return the installed version, with the git commit when run from a checkout."""
-    version = metadata.version("unattended")
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return version
-    return f"{version}+g{commit}" if commit else version
-
-
-def open_store(site: SiteConfig, loaded: LoadedSpec, state_dir: Path) -> ProvenanceStore:
-    """Open the campaign's provenance store: the site's URL, else SQLite in its directory."""
-    if site.provenance_url is not None:
-        return ProvenanceStore.open(site.provenance_url.get_secret_value())
-    return ProvenanceStore.open(campaign_dir(state_dir, loaded.spec.name))
 
 
 async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -127,35 +103,6 @@ async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | No
         telemetry.flush()
         store.close()
     return final_state(result)
-
-
-async def run_campaign(
-    loaded: LoadedSpec,
-    site: SiteConfig,
-    store: ProvenanceStore,
-    hooks: Hooks,
-    *,
-    work_dir: Path | None = None,
-) -> CampaignResult:
-    """Run the campaign's remaining rounds on the site's executor.
-
-    ``work_dir`` receives asyncflow's per-engine folder (the campaign directory).
-    """
-    from tasks import AllocationExecutor
-
-    store.set_campaign_status(loaded.spec.name, "running")
-    folder = str(work_dir) if work_dir is not None else None
-    async with AllocationExecutor.from_site(site, work_dir=folder) as executor:
-        engine = CampaignEngine(
-            loaded=loaded,
-            store=store,
-            run_batch=build_run_batch(executor, store, loaded),
-            node_hours_per_simulation=site.cost.node_hours_per_simulation,
-            checks=build_checks(executor, loaded),
-            hooks=hooks,
-            env=dict(os.environ),
-        )
-        return await engine.run()
 
 
 def final_state(result: CampaignResult) -> State[Any]:
