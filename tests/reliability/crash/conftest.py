@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -145,6 +145,8 @@ class Campaign:
     name: str
     folder: Path
     server: ModelServer
+    policy: str = POLICY
+    approvals: str = ""
     spec: Path = field(init=False)
     site: Path = field(init=False)
     log: Path = field(init=False)
@@ -154,7 +156,7 @@ class Campaign:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.site = self.folder / "site.toml"
         self.site.write_text(SITE)
-        (self.folder / "policy.toml").write_text(POLICY)
+        (self.folder / "policy.toml").write_text(self.policy)
         self.log = self.folder / "executions.jsonl"
         self.home = self.folder / "home"
         simulation = [sys.executable, str(SIMULATION), str(self.log), "{round}", "{index}"]
@@ -181,7 +183,7 @@ kind = "llm"
 base_url = "{self.server.url}"
 model = "numbered"
 timeout = 30.0
-"""
+{self.approvals}"""
         )
 
     @property
@@ -218,6 +220,20 @@ timeout = 30.0
             return Counter()
         lines = self.log.read_text().splitlines()
         return Counter(json.loads(line)["round"] for line in lines)
+
+    def approval_events(self) -> list[tuple[Any, ...]]:
+        """Return every recorded answer to an approval request: (key, decided_by, decision)."""
+        connection = sqlite3.connect(f"file:{self.database}?mode=ro", uri=True)
+        try:
+            return [
+                tuple(row)
+                for row in connection.execute(
+                    "SELECT a.key, e.decided_by, e.decision FROM approval_event e "
+                    "JOIN approval a ON e.approval_id = a.id ORDER BY e.id"
+                )
+            ]
+        finally:
+            connection.close()
 
     def record(self) -> Record:
         """Read what the provenance holds, in a comparable form."""
@@ -286,6 +302,16 @@ def model_server() -> Iterator[ModelServer]:
 def campaign(tmp_path: Path, model_server: ModelServer) -> Campaign:
     """A fresh crash-suite campaign."""
     return Campaign("crash-suite", tmp_path / "campaign", model_server)
+
+
+@pytest.fixture
+def make_campaign(tmp_path: Path, model_server: ModelServer) -> Callable[..., Campaign]:
+    """Build a campaign with its own name (a Prefect deployment per name) and options."""
+
+    def make(name: str, **options: str) -> Campaign:
+        return Campaign(name, tmp_path / name, model_server, **options)
+
+    return make
 
 
 @pytest.fixture(scope="session")

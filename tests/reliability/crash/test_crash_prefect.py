@@ -1,0 +1,102 @@
+"""Kill the flow-run process of a real Prefect deployment at a failpoint, resubmit, compare.
+
+The runner (``CampaignService``, in this process) passes its environment to the
+flow-run process it spawns, so ``UNATTENDED_FAILPOINTS`` set here arms the flow
+run only. A killed run ends CRASHED; ``submit_campaign`` starts a new run of the
+same deployment, which reads the provenance and finishes the campaign.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from flows._service import CampaignService, approve_run, read_run, submit_campaign
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio,
+    # The session's server start is bounded by start_server's own timeout.
+    pytest.mark.timeout(240, func_only=True),
+]
+
+ASK_POLICY = """\
+[policy]
+name = "crash-suite-approval"
+max_soft_attempts = 2
+
+[[rules]]
+name = "second-look"
+description = "Round 2's first proposal is sent back once."
+advice = "Propose again."
+severity = "SOFT_BLOCK"
+when = "round.index == 2 && round.attempt == 1"
+
+[[rules]]
+name = "review-round-1"
+description = "Round 1 needs a human."
+advice = "Approve or reject."
+severity = "ASK"
+when = "round.index == 1"
+approvers = ["alice"]
+"""
+
+APPROVALS = """
+[approvals]
+approvers = ["alice"]
+timeout_minutes = 60
+on_timeout = "stop"
+"""
+
+
+async def state_of(flow_run_id) -> str:
+    return (await read_run(flow_run_id)).state.type.value
+
+
+class TestPrefectFlowCrash:
+    async def test_a_flow_run_killed_mid_batch_is_resubmitted_and_completes(
+        self, prefect_server, tmp_path, model_server, reference, monkeypatch, make_campaign
+    ):
+        record, inferences, executions = reference
+        campaign = make_campaign("crash-prefect-batch")
+        monkeypatch.setenv("UNATTENDED_FAILPOINTS", "mid_batch:6")
+        first = await submit_campaign(campaign.spec, state_dir=campaign.home)
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(first.flow_run_id) == "CRASHED"
+        monkeypatch.delenv("UNATTENDED_FAILPOINTS")
+        second = await submit_campaign(campaign.spec, state_dir=campaign.home)
+        assert second.flow_run_id != first.flow_run_id
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(second.flow_run_id) == "COMPLETED"
+        resumed = campaign.record()
+        assert resumed.attempts == record.attempts
+        assert resumed.decisions == record.decisions
+        assert resumed.task_results == record.task_results
+        assert model_server.requests == inferences
+        assert campaign.executions() == executions + Counter({1: 2})
+
+    async def test_a_run_killed_after_its_approval_is_recorded_reuses_the_answer(
+        self, prefect_server, tmp_path, model_server, reference, monkeypatch, make_campaign
+    ):
+        record, inferences, executions = reference
+        campaign = make_campaign("crash-prefect-approval", policy=ASK_POLICY, approvals=APPROVALS)
+        first = await submit_campaign(campaign.spec, state_dir=campaign.home)
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(first.flow_run_id) == "PAUSED"
+        # The runner that suspended the run is gone; a new one resumes it and the
+        # resumed flow-run process dies right after recording the answer.
+        await approve_run(first.flow_run_id, approver="alice", comment="go")
+        monkeypatch.setenv("UNATTENDED_FAILPOINTS", "after_approval_recorded:1")
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(first.flow_run_id) == "CRASHED"
+        monkeypatch.delenv("UNATTENDED_FAILPOINTS")
+        second = await submit_campaign(campaign.spec, state_dir=campaign.home)
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(second.flow_run_id) == "COMPLETED"
+        assert campaign.approval_events() == [("crash-prefect-approval-r1-c1", "alice", "approved")]
+        resumed = campaign.record()
+        assert resumed.attempts == record.attempts
+        assert [d for _, _, d in resumed.decisions] == ["continue", "suspend", "retry", "continue"]
+        assert model_server.requests == inferences
+        assert campaign.executions() == executions
