@@ -1,0 +1,8 @@
+"""Bad-input tests: make the scripted model endpoint importable (importlib mode)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
