@@ -51,6 +51,9 @@ class RoundContext(BaseModel):
     can_suspend: bool = Field(
         default=True, description="Whether the run can pause durably for an approval."
     )
+    failed_last_batch: int = Field(
+        default=0, ge=0, description="Tasks of the previous round's batch that did not finish."
+    )
 
 
 def proposal_key(candidates: Sequence[Sequence[float]]) -> str:
@@ -72,7 +75,7 @@ CEL_FIELDS: Final[dict[str, frozenset[str]]] = {
     "budget": frozenset({"spent", "remaining"}),
     "campaign": frozenset({"name"}),
     "gate": frozenset({"disposition", "consecutive_fallbacks"}),
-    "history": frozenset({"decisions"}),
+    "history": frozenset({"decisions", "failed_last_batch"}),
     "round": frozenset({"index", "attempt"}),
 }
 
@@ -103,7 +106,10 @@ def cel_variables(ctx: RoundContext, *, with_candidates: bool = True) -> dict[st
             "disposition": ctx.disposition,
             "consecutive_fallbacks": ctx.consecutive_fallbacks,
         },
-        "history": {"decisions": list(ctx.earlier_decisions)},
+        "history": {
+            "decisions": list(ctx.earlier_decisions),
+            "failed_last_batch": ctx.failed_last_batch,
+        },
         "round": {"index": ctx.round_index, "attempt": ctx.attempt},
     }
 
@@ -138,6 +144,7 @@ def sample_contexts() -> tuple[RoundContext, ...]:
             "walltime_remaining": 3600.0,
             "earlier_decisions": ("continue", "retry", "suspend"),
             "can_suspend": False,
+            "failed_last_batch": 2,
         }
     )
     return first, later
