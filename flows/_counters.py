@@ -18,6 +18,8 @@ class Counters:
     budget_spent: float = 0.0
     consecutive_fallbacks: int = 0
     decisions: list[str] = field(default_factory=list)
+    # Tasks of the last batch that did not finish "done", for rules on failures.
+    failed_last_batch: int = 0
 
     def fallbacks_with(self, disposition: str) -> int:
         """Return the fallback streak if this round runs a ``disposition`` batch (it included)."""
@@ -34,6 +36,7 @@ class Counters:
             "budget_spent": self.budget_spent,
             "consecutive_fallbacks": self.consecutive_fallbacks,
             "decisions": list(self.decisions),
+            "failed_last_batch": self.failed_last_batch,
         }
 
     @classmethod
@@ -44,4 +47,5 @@ class Counters:
             budget_spent=float(state.get("budget_spent", 0.0)),
             consecutive_fallbacks=int(state.get("consecutive_fallbacks", 0)),
             decisions=[str(d) for d in state.get("decisions", [])],
+            failed_last_batch=int(state.get("failed_last_batch", 0)),
         )

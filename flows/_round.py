@@ -314,6 +314,7 @@ class CampaignEngine:
             walltime_remaining=walltime_remaining(self.env),
             earlier_decisions=tuple(self.counters.decisions),
             can_suspend=self.hooks.suspend is not None,
+            failed_last_batch=self.counters.failed_last_batch,
         )
         return self.policy.evaluate(context)
 
@@ -467,6 +468,8 @@ class CampaignEngine:
         if points:
             self.surrogate.assimilate(points, values)
         self.counters.after_batch(launch.disposition, launch.node_hours)
+        failed = sum(1 for r in results if r.status != "done")
+        self.counters.failed_last_batch = failed
         with failpoint_in_commit(self.store, "checkpoint_commit"):
             self.store.checkpoint_round(
                 self.name,
@@ -480,7 +483,6 @@ class CampaignEngine:
                 status="completed",
             )
         failpoint("after_checkpoint")
-        failed = sum(1 for r in results if r.status != "done")
         self.hooks.on_event(
             "batch", {"round": index, "done": len(results) - failed, "failed": failed}
         )
