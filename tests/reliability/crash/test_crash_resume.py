@@ -17,6 +17,7 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 N_INFERENCES = 6
+BATCH = 4  # the conftest's campaign
 
 # (failpoint, occurrence) -> executions re-run by the restart, per round: only a
 # batch killed mid-flight runs again, and only the tasks that had finished before.
@@ -103,3 +104,53 @@ class TestCrashAndResume:
         assert resumed.decisions == record.decisions
         assert campaign.server.requests == inferences
         assert campaign.executions() == expected_executions(executions, {1: 3})
+
+
+def _all_points() -> dict[str, dict[int, int]]:
+    """Every (failpoint, occurrence) the campaign passes, with its expected re-runs."""
+    passes = {
+        "after_fallback_recorded": 4,
+        "after_attempt_recorded": 2,
+        "after_gate": 4,
+        "after_decision_recorded": 4,
+        "after_batch_launch_recorded": 3,
+        "mid_batch": 12,
+        "after_batch": 3,
+        "checkpoint_commit": 3,
+        "after_checkpoint": 3,
+    }
+    cases: dict[str, dict[int, int]] = {}
+    for point, count in passes.items():
+        for n in range(1, count + 1):
+            rerun = {(n - 1) // BATCH: (n - 1) % BATCH + 1} if point == "mid_batch" else {}
+            cases[f"{point}:{n}"] = rerun
+    return cases
+
+
+LONG_CASES = {k: v for k, v in _all_points().items() if k not in CASES}
+
+
+@pytest.mark.long
+class TestEveryCrashPoint:
+    @pytest.mark.parametrize("failpoint", list(LONG_CASES))
+    def test_a_killed_campaign_resumes_to_the_same_record(self, campaign, reference, failpoint):
+        record, inferences, executions = reference
+        assert campaign.crash_then_finish(failpoint)["status"] == "completed"
+        resumed = campaign.record()
+        assert resumed.attempts == record.attempts
+        assert resumed.decisions == record.decisions
+        assert resumed.batches == record.batches
+        assert resumed.task_results == record.task_results
+        assert resumed.rounds == record.rounds
+        assert campaign.server.requests == inferences
+        assert campaign.executions() == expected_executions(executions, LONG_CASES[failpoint])
+
+    def test_a_campaign_killed_after_every_step_once(self, campaign, reference):
+        """Kill it at each point's first pass in turn (each restart counts afresh)."""
+        record, inferences, _ = reference
+        chain = [f"{point}:1" for point in dict.fromkeys(p.split(":")[0] for p in _all_points())]
+        assert campaign.crash_then_finish(*chain)["status"] == "completed"
+        resumed = campaign.record()
+        assert resumed.attempts == record.attempts
+        assert resumed.rounds == record.rounds
+        assert campaign.server.requests == inferences
