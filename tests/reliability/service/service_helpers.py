@@ -15,7 +15,7 @@ def demo_copy(folder: Path, spec: str, name: str, **settings: str) -> Path:
     """Copy the demo into ``folder`` under campaign ``name``; ``settings`` replace top-level keys.
 
     A value of ``settings`` is TOML text, e.g. ``rounds="2"``; keys under a table use
-    ``table__key`` (``objective__simulation_cost="1.5"``).
+    ``table__key`` (``objective__simulation_cost="1.5"``); an empty value drops the key.
     """
     folder.mkdir(parents=True, exist_ok=True)
     for item in EXAMPLES.iterdir():
@@ -34,7 +34,10 @@ def demo_copy(folder: Path, spec: str, name: str, **settings: str) -> Path:
         if key == "name" and not table:
             line = f'name = "{name}"'
         elif full in settings:
-            line = f"{key} = {settings.pop(full)}"
+            value = settings.pop(full)
+            if not value:
+                continue  # an empty value drops the key
+            line = f"{key} = {value}"
         out.append(line)
     assert not settings, f"keys not found in {spec}: {sorted(settings)}"
     path.write_text("\n".join(out) + "\n")
