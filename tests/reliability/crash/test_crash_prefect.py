@@ -100,3 +100,25 @@ class TestPrefectFlowCrash:
         assert [d for _, _, d in resumed.decisions] == ["continue", "suspend", "retry", "continue"]
         assert model_server.requests == inferences
         assert campaign.executions() == executions
+
+    @pytest.mark.long
+    async def test_a_run_killed_just_before_it_suspends_asks_again_after_resubmission(
+        self, prefect_server, tmp_path, model_server, reference, monkeypatch, make_campaign
+    ):
+        record, inferences, executions = reference
+        campaign = make_campaign("crash-prefect-suspend", policy=ASK_POLICY, approvals=APPROVALS)
+        monkeypatch.setenv("UNATTENDED_FAILPOINTS", "before_suspend:1")
+        first = await submit_campaign(campaign.spec, state_dir=campaign.home)
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(first.flow_run_id) == "CRASHED"
+        monkeypatch.delenv("UNATTENDED_FAILPOINTS")
+        second = await submit_campaign(campaign.spec, state_dir=campaign.home)
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(second.flow_run_id) == "PAUSED"
+        await approve_run(second.flow_run_id, approver="alice")
+        await CampaignService(query_seconds=0.5).run_once()
+        assert await state_of(second.flow_run_id) == "COMPLETED"
+        assert campaign.approval_events() == [("crash-prefect-suspend-r1-c1", "alice", "approved")]
+        assert campaign.record().attempts == record.attempts
+        assert model_server.requests == inferences
+        assert campaign.executions() == executions
