@@ -187,7 +187,7 @@ class LLMPlanner:
             )
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # a hostile, deeply nested body
             raise ProviderError(
                 f"model endpoint answered HTTP {status} with a body that is not JSON",
                 details={**details, "status_code": status},
