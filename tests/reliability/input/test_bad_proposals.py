@@ -136,8 +136,27 @@ def assert_nothing_half_written(home: Path, *, interrupted: bool = False) -> Non
     assert launched == [(0,)]
 
 
+CANARY = "sk-canary-proposals-91c2"
+KEY_VAR = "UNATTENDED_TEST_PROPOSALS_KEY"
+
+
 def llm_planner(url: str, timeout: float = 20) -> str:
-    return f'kind = "llm"\nbase_url = "{url}"\nmodel = "m"\ntimeout = {timeout}'
+    return (
+        f'kind = "llm"\nbase_url = "{url}"\nmodel = "m"\ntimeout = {timeout}\n'
+        f'api_key_env = "{KEY_VAR}"'
+    )
+
+
+def dump(home: Path) -> str:
+    tables = [t for (t,) in rows(home, "SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return json.dumps(
+        {t: [list(map(str, r)) for r in rows(home, f'SELECT * FROM "{t}"')] for t in tables}
+    )
+
+
+@pytest.fixture(autouse=True)
+def _model_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_VAR, CANARY)  # the engine reads the planner's key from os.environ
 
 
 class TestModelSaysSomethingWrong:
@@ -176,6 +195,8 @@ class TestEndpointMisbehaves:
         ]
         assert rows(home, "SELECT COUNT(*) FROM batch") == [(0,)]
         assert_nothing_half_written(home, interrupted=True)
+        assert all(r["headers"].get("Authorization") == f"Bearer {CANARY}" for r in model.requests)
+        assert CANARY not in f"{result!r} {dump(home)}"
 
 
 TRANSCRIPT_ANSWERS = {
