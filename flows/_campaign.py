@@ -30,7 +30,14 @@ from tasks import load_site
 
 # code_version, open_store and run_campaign live in flows._direct (no Prefect there) and
 # are re-exported here for the callers that import them from this module.
-__all__ = ["FLOW_NAME", "campaign_flow", "code_version", "final_state", "open_store", "run_campaign"]
+__all__ = [
+    "FLOW_NAME",
+    "campaign_flow",
+    "code_version",
+    "final_state",
+    "open_store",
+    "run_campaign",
+]
 
 FLOW_NAME = "unattended-campaign"
 
