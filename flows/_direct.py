@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from flows._answers import AnswerJournal
 from flows._paths import campaign_dir, state_dir_from
 from flows._provenance import ProvenanceStore
 from flows._round import CampaignEngine, CampaignResult, Hooks
@@ -82,6 +83,7 @@ async def run_campaign(
             checks=build_checks(executor, loaded),
             hooks=hooks,
             env=dict(os.environ),
+            answers=AnswerJournal(Path(work_dir) / "answers.jsonl") if work_dir else None,
         )
         return await engine.run()
 

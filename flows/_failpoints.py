@@ -8,7 +8,8 @@ it every ``failpoint`` call is one dictionary truth test.
 
 The points the campaign passes, in the order a round reaches them:
 
-``after_fallback_recorded``, ``after_attempt_recorded`` (between attempts),
+``after_fallback_recorded``, ``after_answer`` (a model answer journaled, its checks
+not yet run), ``after_attempt_recorded`` (between attempts),
 ``after_gate``, ``after_decision_recorded``, ``before_suspend``,
 ``after_approval_recorded``, ``after_batch_launch_recorded``, ``mid_batch``
 (after each task result), ``after_batch``, ``checkpoint_commit`` (inside the
@@ -27,6 +28,7 @@ ENV_VARIABLE = "UNATTENDED_FAILPOINTS"
 
 POINTS = (
     "after_fallback_recorded",
+    "after_answer",
     "after_attempt_recorded",
     "after_gate",
     "after_decision_recorded",

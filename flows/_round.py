@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from acceptance import Attempt, Outcome, Rejected, accept
+from flows._answers import AnswerJournal
 from flows._approval import Answer, ApprovalRequest, Judgement, judge
 from flows._campaign_state import (
     PlannerSlot,
@@ -114,6 +115,7 @@ class CampaignEngine:
     checks: list[Callable[[Any], Any]] = field(default_factory=list)
     hooks: Hooks = field(default_factory=Hooks)
     env: Mapping[str, str] = field(default_factory=dict)
+    answers: AnswerJournal | None = None
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     def __post_init__(self) -> None:
@@ -268,9 +270,26 @@ class CampaignEngine:
                 self.planner.skip(1)
                 replayed = recorded[done]
                 raise Rejected(replayed.reason or "rejected", check=replayed.rejected_by)
+            journal_key = AnswerJournal.key(gate_id, done + 1)
+            journaled = self.answers.get(journal_key) if self.answers is not None else None
+            if journaled is not None:
+                # Answered before a restart that came while its checks ran.
+                self.planner.skip(1)
+                if "rejected" in journaled:
+                    raise Rejected(journaled["reason"], check=journaled["rejected"])
+                return Proposal.model_validate_json(journaled["value"])
             history = (*feedback, *recorded, *previous[len(recorded) :])
-            proposal: Proposal = await producer_for_round(history)
+            try:
+                proposal: Proposal = await producer_for_round(history)
+            except Rejected as exc:
+                self.planner.sync()
+                if self.answers is not None:
+                    self.answers.put(journal_key, {"rejected": exc.check, "reason": exc.reason})
+                raise
             self.planner.sync()
+            if self.answers is not None:
+                self.answers.put(journal_key, {"value": proposal.model_dump_json()})
+            failpoint("after_answer")
             return proposal
 
         checks = [*planner_checks(self.bounds, spec.batch_size), *self.checks]

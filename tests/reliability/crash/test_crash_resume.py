@@ -25,6 +25,8 @@ CASES: dict[str, dict[int, int]] = {
     "after_fallback_recorded:1": {},
     "after_fallback_recorded:3": {},
     "after_fallback_recorded:4": {},  # the second gate call after the policy's Retry
+    "after_answer:1": {},  # round 0's first answer journaled, its checks not yet run
+    "after_answer:5": {},  # the answer after the policy's Retry
     "after_attempt_recorded:1": {},  # between round 0's attempts
     "after_attempt_recorded:2": {},  # between round 1's attempts
     "after_gate:1": {},
