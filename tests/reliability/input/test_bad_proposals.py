@@ -209,6 +209,10 @@ TRANSCRIPT_ANSWERS = {
         json.dumps({"answer": '{"rationale": "r", "candidates": ' + NESTED + "}"}),
         "schema",
     ),
+    "million-candidates": (
+        json.dumps({"answer": {"rationale": "r", "candidates": [[0.5, 0.5]] * 1_000_000}}),
+        "schema",
+    ),
 }
 
 

@@ -132,7 +132,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         "PREFECT_HOME",
         "PREFECT_LOCAL_STORAGE_PATH",
         "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE",
-        "PREFECT_RESULTS_LOCAL_STORAGE_PATH",
+        "PREFECT_SERVER_ANALYTICS_ENABLED",
+        "DO_NOT_TRACK",
     )
     saved = {key: os.environ.get(key) for key in keys}
     stack = Stack(tmp_path)
