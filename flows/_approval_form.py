@@ -50,5 +50,5 @@ def approval_form(*, batch_size: int, description: str, allow_override: bool) ->
         )
     }
     form = create_model("Approval", __base__=Approval, **fields)
-    form._description = description  # type: ignore[attr-defined]  # read by RunInput.save
+    form._description = description  # read by RunInput.save
     return form

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
-from prefect.states import Completed, Failed, State
+from prefect.states import Completed, Failed
 
 from flows._approval import ApprovalRequest, describe
 from flows._approval_form import Approval, approval_form
@@ -57,8 +58,11 @@ async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval:
     form = approval_form(
         batch_size=len(request.proposed), description=describe(request), allow_override=True
     )
-    answer: Approval = await suspend_flow_run(wait_for_input=form, key=request.pause_key(refused))
-    return answer
+    # suspend_flow_run dispatches sync/async; awaited inside a coroutine it is async.
+    answer = await suspend_flow_run(  # type: ignore[misc]
+        wait_for_input=form, key=request.pause_key(refused)
+    )
+    return cast(Approval, answer)
 
 
 def _event_logger() -> Callable[[str, Any], None]:

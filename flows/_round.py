@@ -10,17 +10,18 @@ that turn steps into Prefect tasks and approvals into ``suspend_flow_run``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from opentelemetry import trace
 
 from acceptance import Attempt, Outcome, Rejected, accept
 from flows._answers import AnswerJournal
-from flows._approval import Answer, ApprovalRequest, Judgement, judge
+from flows._approval import Answer, ApprovalRequest, Judgement, Verdict, judge
 from flows._campaign_state import (
     PlannerSlot,
     allocation_end,
@@ -34,7 +35,15 @@ from flows._campaign_state import (
 from flows._counters import Counters
 from flows._failpoints import failpoint, failpoint_in_commit
 from flows._spec import LoadedSpec
-from policies import BatchSummary, Decision, RoundContext, UnattendedError, classify, proposal_key
+from policies import (
+    BatchSummary,
+    Continue,
+    Decision,
+    RoundContext,
+    UnattendedError,
+    classify,
+    proposal_key,
+)
 from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
 
 log = logging.getLogger("unattended.campaign")
@@ -202,10 +211,7 @@ class CampaignEngine:
             failpoint("after_fallback_recorded")
             outcome = await self.hooks.step(
                 f"gate round {index} call {call_index}",
-                # Bound now: the step runs before the loop moves on, but say so.
-                lambda gate_id=gate_id, fallback=fallback: self._gate(
-                    index, gate_id, fallback, feedback
-                ),
+                functools.partial(self._gate, index, gate_id, fallback, feedback),
             )
             failpoint("after_gate")
             launch = self._launch_of(outcome)
@@ -233,7 +239,7 @@ class CampaignEngine:
                 )
             if kind == "suspend":
                 launch = await self._approval(index, call_index, decision, launch, fallback)
-            elif kind == "continue" and getattr(decision.outcome, "modified", None):
+            elif isinstance(decision.outcome, Continue) and decision.outcome.modified:
                 launch.candidates = [list(c) for c in decision.outcome.modified]
             break
         await self._run_batch(index, launch)
@@ -430,8 +436,11 @@ class CampaignEngine:
                         else None
                     )
                     return Judgement(
-                        event.decision, event.decided_by or "", event.comment or "", size
-                    )  # type: ignore[arg-type]
+                        cast(Verdict, event.decision),
+                        event.decided_by or "",
+                        event.comment or "",
+                        size,
+                    )
                 refused += 1
                 continue
             self.store.set_campaign_status(self.name, "awaiting_approval")

@@ -116,8 +116,11 @@ async def submit_campaign(
         description=f"unattended campaign {name} ({loaded.path})",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    deployment_id = await deployment.apply()
-    flow_run = await run_deployment(deployment_id, timeout=0, tags=[TAG, campaign_tag(name)])
+    # Both are sync/async dispatchers; inside a coroutine they return awaitables.
+    deployment_id: UUID = await deployment.apply()  # type: ignore[misc]
+    flow_run: FlowRun = await run_deployment(  # type: ignore[misc]
+        deployment_id, timeout=0, tags=[TAG, campaign_tag(name)]
+    )
     campaign_dir(home, name).mkdir(parents=True, exist_ok=True)
     return Submitted(name, flow_run.id, deployment_id, already_active=False)
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import psutil
@@ -17,6 +18,11 @@ from flows._connect import connect, ui_url
 from flows._paths import state_dir_from
 from flows._server import flow_run_ui_url
 from policies import NotFound, ValidationFailed
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+    from flows._service import Submitted
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -40,7 +46,7 @@ def _parse_id(text: str) -> UUID:
         raise ValidationFailed(f"'{text}' is not a flow run id", details={"field": "run"}) from None
 
 
-def submit_now(spec: str, site: str | None, *, start: bool):  # -> Submitted
+def submit_now(spec: str, site: str | None, *, start: bool) -> Submitted:
     """Validate the spec (before touching any server), connect, submit."""
     from flows._service import validate_submission
 
@@ -51,7 +57,7 @@ def submit_now(spec: str, site: str | None, *, start: bool):  # -> Submitted
     return asyncio.run(submit_campaign(spec, site=site))
 
 
-def print_submitted(submitted) -> None:
+def print_submitted(submitted: Submitted) -> None:
     """Print the run id and its UI link."""
     verb = "already running" if submitted.already_active else "submitted"
     print(f"campaign {submitted.campaign} {verb}: flow run {submitted.flow_run_id}")
@@ -69,7 +75,7 @@ def runner_alive() -> bool:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return False
-    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return bool(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
 
 
 def start_detached_runner(query_seconds: float = 1.0) -> int:
@@ -190,7 +196,7 @@ def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
         return 130
 
 
-def _final(flow_run) -> int:
+def _final(flow_run: FlowRun) -> int:
     from flows._cli_campaign import EXIT_CODES
 
     state = flow_run.state
@@ -204,7 +210,7 @@ def _final(flow_run) -> int:
     return EXIT_CODES["failed"]
 
 
-def _print_how_to_approve(flow_run) -> None:
+def _print_how_to_approve(flow_run: FlowRun) -> None:
     from flows._service import pending_approval
 
     try:
@@ -231,7 +237,7 @@ def show_runs() -> int:
 
     from flows._service import TAG
 
-    async def runs():
+    async def runs() -> list[FlowRun]:
         async with get_client() as client:
             return await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(tags={"all_": [TAG]}),  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -174,7 +175,7 @@ class LoadedSpec(BaseModel):
         return candidate if candidate.is_absolute() else (self.directory / candidate).resolve()
 
 
-def _field_of(error: dict[str, Any]) -> str:
+def _field_of(error: Mapping[str, Any]) -> str:
     """Return the dotted field of a validation error, without pydantic's union/validator tags."""
     parts = [str(p) for p in error.get("loc", ()) if re.fullmatch(r"\w+", str(p))]
     return ".".join(parts) or "(top level)"
