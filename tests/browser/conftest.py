@@ -1,7 +1,7 @@
 """Fixtures for browser tests: a real Prefect server and headless Debian Chromium.
 
-``ui_server`` starts ONE Prefect server per session (free port on 127.0.0.1, own
-PREFECT_HOME, SQLite), points this process at it and stops it by PID at the end.
+``prefect_api`` is the session's Prefect server from ``tests/conftest.py`` (its UI
+serves the pages under test).
 ``chromium`` finds ``/usr/bin/chromium``; when it is missing it tries apt-get
 (Playwright's own browser download does not work offline), and skips loudly only
 if that fails. ``browser_page`` opens a fresh profile per test and closes it.
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from flows._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
+from flows._server import ServerHandle
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (
@@ -33,39 +32,8 @@ CHROMIUM_ARGS = (
     "--disable-component-update",
     "--disable-sync",
 )
-_SERVER_START_TIMEOUT = 180.0  # ~12 s idle; over 90 s at a load average of 14 on 2 cores
 _APT_TIMEOUT = 240.0
 _VIEWPORT = {"width": 1280, "height": 900}
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _apply_env(updates: dict[str, str]) -> dict[str, str | None]:
-    saved = {key: os.environ.get(key) for key in updates}
-    os.environ.update(updates)
-    _refresh_prefect_settings()
-    return saved
-
-
-def _restore_env(saved: dict[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    _refresh_prefect_settings()
-
-
-def _refresh_prefect_settings() -> None:
-    # Prefect read its settings at import (collection time); make it read them again.
-    import prefect.context
-
-    prefect.context.refresh_global_settings_context()
 
 
 def _apt_install_chromium() -> str | None:
@@ -103,27 +71,13 @@ def chromium() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
-def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """Start one real Prefect server (SQLite, UI on) for the session; point Prefect at it."""
-    config = ServerConfig(port=free_port(), state_dir=tmp_path_factory.mktemp("prefect-ui"))
-    handle = start_server(config, timeout=_SERVER_START_TIMEOUT)
-    saved = _apply_env(client_env(handle))
-    try:
-        yield handle
-    finally:
-        _restore_env(saved)
-        stop_server(config)
-
-
 @pytest.fixture
-def prefect_api(ui_server: ServerHandle, tmp_path: Path) -> Iterator[ServerHandle]:
-    """Give the test its own result storage (flow-run processes inherit it)."""
-    saved = _apply_env({"PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-results")})
-    try:
-        yield ui_server
-    finally:
-        _restore_env(saved)
+def prefect_api(prefect_server: ServerHandle) -> ServerHandle:
+    """Return the session's Prefect server (``tests/conftest.py``); its UI is what we drive.
+
+    The root conftest also gives each test its own result storage folder.
+    """
+    return prefect_server
 
 
 @pytest_asyncio.fixture
