@@ -19,7 +19,9 @@ import inspect
 import itertools
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
@@ -68,12 +70,15 @@ class AllocationExecutor:
 
     Args:
         site: The validated site config.
-        work_dir: Where asyncflow may put its per-engine folder; default: the CWD.
+        work_dir: Where asyncflow puts its per-engine folder (the campaign directory).
+            By default a temporary folder, removed on exit: asyncflow would otherwise
+            leave an ``asyncflow.session.*`` folder in the current directory every time.
     """
 
     def __init__(self, site: SiteConfig, *, work_dir: str | None = None) -> None:
         self.site = site
         self.work_dir = work_dir
+        self._scratch: str | None = None
         self._parts: EngineParts | None = None
         self._saved: SavedSignals | None = None
         self._dispatch: Dispatcher | None = None
@@ -101,9 +106,13 @@ class AllocationExecutor:
         claim_process(self)
         loop = asyncio.get_running_loop()
         self._saved = SavedSignals.capture(loop)
+        work_dir = self.work_dir
+        if work_dir is None:
+            self._scratch = work_dir = tempfile.mkdtemp(prefix="unattended-asyncflow-")
         try:
-            self._parts = await start_engine(self.site, work_dir=self.work_dir)
+            self._parts = await start_engine(self.site, work_dir=work_dir)
         except BaseException:
+            self._remove_scratch()
             release_process(self)
             raise
         finally:
@@ -145,7 +154,13 @@ class AllocationExecutor:
                 self._saved.restore(loop)
             self._parts = None
             self._dispatch = None
+            self._remove_scratch()
             release_process(self)
+
+    def _remove_scratch(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def _replace_pool(self) -> Any:
         """Build a fresh pool after a pool process died, and hand it to asyncflow too."""
