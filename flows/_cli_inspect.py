@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flows._paths import state_dir_from
+
 _EXIT_BAD_INPUT = 2
 _DB_HELP = (
     "database: a postgresql+psycopg:// URL, a .db file, a campaign directory or a state "
@@ -69,13 +71,6 @@ def register(subparsers: Any) -> None:
     export.set_defaults(handler=_export)
 
 
-def state_dir(env: Mapping[str, str]) -> Path:
-    """Return the state directory: ``$UNATTENDED_HOME``, else ``~/.unattended``."""
-    if env.get("UNATTENDED_HOME"):
-        return Path(env["UNATTENDED_HOME"]).expanduser()
-    return Path(env.get("HOME") or Path.home()) / ".unattended"
-
-
 def database_locations(db: str | None, campaign: str | None, env: Mapping[str, str]) -> list[str]:
     """Return the databases to read for ``--db`` and ``campaign`` (see the module doc)."""
     if db is not None and "://" in db:
@@ -86,7 +81,7 @@ def database_locations(db: str | None, campaign: str | None, env: Mapping[str, s
             return [str(path)]
         root = path
     else:
-        root = state_dir(env)
+        root = state_dir_from(None, env)
     campaigns = root / "campaigns"
     if campaign is not None:
         return [str(campaigns / campaign / "provenance.db")]

@@ -16,16 +16,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from flows._cli_inspect import database_locations
+from flows._cli_inspect import _DB_HELP, database_locations
 
 if TYPE_CHECKING:
     from flows._replay import ReplayResult
 
 _EXIT_BAD_INPUT = 2
-_DB_HELP = (
-    "database: a postgresql+psycopg:// URL, a .db file, a campaign directory or a state "
-    "directory (default: $UNATTENDED_HOME, else ~/.unattended)"
-)
 
 
 def register(subparsers: Any) -> None:
