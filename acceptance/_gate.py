@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -20,7 +20,8 @@ from acceptance._types import Attempt, NotAccepted, Outcome, Rejected, Verdict
 T = TypeVar("T")
 
 Producer = Callable[[tuple[Attempt[T], ...]], "T | Awaitable[T]"]
-Check = Callable[[T], "Awaitable[None] | None"]
+#: A check returns None, or a mapping of what it did (recorded as its verdict's details).
+Check = Callable[[T], "Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None"]
 Score = Callable[[T], "float | Awaitable[float]"]
 Fallback = Callable[[], "T | Awaitable[T]"]
 
@@ -67,7 +68,8 @@ async def accept(
             or a pydantic ``ValidationError`` (recorded as ``"schema"``).
         checks: Run in order, cheapest first; the first rejection ends the
             attempt. Each takes the value and raises ``Rejected`` or a
-            ``ValidationError`` to reject. Sync or async.
+            ``ValidationError`` to reject. Sync or async. A check may return a
+            mapping of what it did (JSON values): it becomes its verdict's ``details``.
         attempts: The only budget (at least 1). 1 means no re-ask.
         fallback: Called with no arguments when no attempt passes. Its value is
             not checked: it must be valid by construction.
@@ -121,9 +123,15 @@ async def _attempt(
         started = _perf()
         verdicts: list[Verdict] = []
 
-        def rejected(value: T | None, stage: str, reason: str, since: float) -> Attempt[T]:
+        def rejected(
+            value: T | None,
+            stage: str,
+            reason: str,
+            since: float,
+            details: Mapping[str, Any] | None = None,
+        ) -> Attempt[T]:
             now = _perf()
-            verdicts.append(Verdict(stage, False, reason, now - since))
+            verdicts.append(Verdict(stage, False, reason, now - since, details))
             span.evaluation(stage, passed=False, reason=reason, value=value)
             span.capture_value(value)
             return Attempt.model_construct(
@@ -141,19 +149,20 @@ async def _attempt(
         try:
             value: T = await _call(producer, previous)
         except Rejected as exc:
-            return rejected(None, exc.check or "producer", exc.reason, started)
+            return rejected(None, exc.check or "producer", exc.reason, started, exc.details)
         except ValidationError as exc:
             return rejected(None, "schema", validation_reason(exc), started)
 
         for check_name, check in checks:
             since = _perf()
             try:
-                await _call(check, value)
+                said = await _call(check, value)
             except Rejected as exc:
-                return rejected(value, exc.check or check_name, exc.reason, since)
+                return rejected(value, exc.check or check_name, exc.reason, since, exc.details)
             except ValidationError as exc:
                 return rejected(value, check_name, validation_reason(exc), since)
-            verdicts.append(Verdict(check_name, True, None, _perf() - since))
+            details = said if isinstance(said, Mapping) else None
+            verdicts.append(Verdict(check_name, True, None, _perf() - since, details))
             span.evaluation(check_name, passed=True, reason=None, value=value)
 
         recorded: dict[str, float] = {}

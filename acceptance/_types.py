@@ -8,6 +8,7 @@ they are stored as provenance.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -26,12 +27,17 @@ class Rejected(Exception):  # noqa: N818  # the contract's name: a rejection, no
             recorded and may be shown to the agent, so keep secrets out of it.
         check: The stage that rejected (``"schema"``, ``"refusal"``,
             ``"truncation"``, ...). Checks may leave it out: their name is used.
+        details: What the check did to decide, recorded on its verdict (JSON
+            values; e.g. the verifier's tasks and their batch jobs).
     """
 
-    def __init__(self, reason: str, *, check: str | None = None) -> None:
+    def __init__(
+        self, reason: str, *, check: str | None = None, details: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.check = check
+        self.details = details
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,8 @@ class Verdict:
     """Why it rejected; None on a pass."""
     duration: float
     """Seconds the check took."""
+    details: Mapping[str, Any] | None = None
+    """What the check did to decide (the mapping a check returns, or ``Rejected.details``)."""
 
 
 class Attempt(BaseModel, Generic[T]):

@@ -80,6 +80,40 @@ CEL_FIELDS: Final[dict[str, frozenset[str]]] = {
 }
 
 
+# What a candidate-scoped rule reads beside the round's maps: one candidate of the batch.
+CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset({"x", "index", "prediction", "has_prediction"})
+
+
+class CandidateView(BaseModel):
+    """One candidate as a candidate-scoped rule sees it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0, description="Position of the candidate in the proposed batch.")
+    x: list[float] = Field(description="The candidate's coordinates.")
+    prediction: float | None = Field(
+        default=None, description="The gate's verifier prediction, when the verifier ran."
+    )
+
+
+def candidate_variables(candidate: CandidateView) -> dict[str, Any]:
+    """Return ``candidate`` as the CEL map ``candidate`` (-1.0 plus a flag when unpredicted)."""
+    prediction = candidate.prediction
+    return {
+        "index": candidate.index,
+        "x": [float(v) for v in candidate.x],
+        "prediction": -1.0 if prediction is None else float(prediction),
+        "has_prediction": prediction is not None,
+    }
+
+
+def sample_candidates() -> tuple[CandidateView, ...]:
+    """Return candidates for the load-time trial of candidate-scoped expressions."""
+    return CandidateView(index=0, x=[0.5, 1.5], prediction=2.5), CandidateView(
+        index=1, x=[2.0, 3.0]
+    )
+
+
 def cel_variables(ctx: RoundContext, *, with_candidates: bool = True) -> dict[str, Any]:
     """Return ``ctx`` as the CEL maps rules read (``round``, ``batch``, ...).
 

@@ -90,6 +90,7 @@ class Decision:
             "reason": outcome.reason,
             "code": outcome.code if isinstance(outcome, Block) else None,
             "approvers": list(outcome.approvers) if isinstance(outcome, Suspend) else [],
+            "require_proof": isinstance(outcome, Suspend) and outcome.require_proof,
             "escalate_to": list(outcome.to) if isinstance(outcome, Escalate) else [],
             "modified": isinstance(outcome, Continue) and outcome.modified is not None,
             "rules_fired": [firing.rule for firing in self.fired],

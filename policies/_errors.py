@@ -23,6 +23,18 @@ its ``retryable`` flag is data, not guessed from the class::
     ├── NotFound                         not_found           no
     └── InternalError                    internal            no
 
+An error that stops a campaign on purpose also says how the run ends:
+``run_status`` is ``"blocked"`` for ``PolicyDenied``, ``BudgetExceeded``,
+``ApprovalRejected`` and ``ApprovalTimeout``, ``"escalated"`` when the raiser
+says so (a policy's ``Escalate``), and ``None`` for every other error (the run
+``failed``). Like ``code`` and ``retryable`` it is data, settable per instance.
+
+Four codes are raised by ``flows`` (its campaign-level errors build on this base):
+``spec_changed`` (an input named by the spec differs from the pinned one),
+``decision_mismatch`` (a replayed round derives another decision than the recorded
+one), ``fenced_out`` (another run holds the campaign's lease) and
+``storage_unavailable`` (disk full, read-only directory, database locked; retryable).
+
 Messages and ``details`` name fields, rules, codes and ids. They never carry a
 proposal's content, a prompt, or a secret: callers pass identifiers, and
 :func:`classify` never copies the text of a foreign exception.
@@ -33,8 +45,11 @@ proposal's content, a prompt, or a secret: callers pass identifiers, and
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
+
+from policies._outcomes import RunStatus
 
 CODES: Final[tuple[str, ...]] = (
     "approval_rejected",
@@ -42,14 +57,18 @@ CODES: Final[tuple[str, ...]] = (
     "approver_not_allowed",
     "budget_exceeded",
     "deadline_exceeded",
+    "decision_mismatch",
     "fallback_unavailable",
+    "fenced_out",
     "internal",
     "not_accepted",
     "not_found",
     "policy_denied",
     "provider_error",
     "site_invalid",
+    "spec_changed",
     "spec_invalid",
+    "storage_unavailable",
     "task_failed",
     "validation_failed",
     "verifier_failed",
@@ -64,10 +83,13 @@ class UnattendedError(Exception):
         code: Overrides the class's code (must be one of :data:`CODES`).
         retryable: Overrides the class's default.
         details: JSON-serialisable identifiers (field, rule, round, run id, ...).
+        run_status: How a campaign stopped by this error ends; overrides the class's
+            default (``None``: the run failed).
     """
 
     code: ClassVar[str] = "internal"
     default_retryable: ClassVar[bool] = False
+    default_run_status: ClassVar[RunStatus | None] = None
 
     def __init__(
         self,
@@ -76,6 +98,7 @@ class UnattendedError(Exception):
         code: str | None = None,
         retryable: bool | None = None,
         details: Mapping[str, Any] | None = None,
+        run_status: RunStatus | None = None,
     ) -> None:
         super().__init__(message)
         if code is not None:
@@ -85,6 +108,7 @@ class UnattendedError(Exception):
         self.message = message
         self.retryable = self.default_retryable if retryable is None else retryable
         self.details: dict[str, Any] = dict(details or {})
+        self.run_status = self.default_run_status if run_status is None else run_status
 
     def to_dict(self) -> dict[str, Any]:
         """Return the error as JSON-ready data: code, type, message, retryable, details."""
@@ -104,6 +128,7 @@ class BudgetExceeded(UnattendedError):
     """The campaign's node-hour or round budget would be exceeded."""
 
     code = "budget_exceeded"
+    default_run_status = "blocked"
 
 
 class DeadlineExceeded(UnattendedError):
@@ -116,6 +141,7 @@ class PolicyDenied(UnattendedError):
     """A hard policy refused the round."""
 
     code = "policy_denied"
+    default_run_status = "blocked"
 
 
 class ValidationFailed(UnattendedError):
@@ -146,12 +172,14 @@ class ApprovalRejected(ApprovalError):
     """An allowed approver rejected the request."""
 
     code = "approval_rejected"
+    default_run_status = "blocked"
 
 
 class ApprovalTimeout(ApprovalError):
     """Nobody answered the approval request in time."""
 
     code = "approval_timeout"
+    default_run_status = "blocked"
 
 
 class ApproverNotAllowed(ApprovalError):
@@ -203,6 +231,9 @@ class InternalError(UnattendedError):
     code = "internal"
 
 
+_STORAGE_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT})
+
+
 def classify(exc: BaseException) -> UnattendedError:
     """Map any exception onto the taxonomy, defaulting to ``internal``.
 
@@ -230,4 +261,12 @@ def classify(exc: BaseException) -> UnattendedError:
         )
     if isinstance(exc, TimeoutError):
         return DeadlineExceeded("an operation timed out", details={"cause": name})
+    if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        # A full disk or a read-only directory: the same campaign can go on once it clears.
+        return UnattendedError(
+            f"the file system refused a write ({errno.errorcode[exc.errno]})",
+            code="storage_unavailable",
+            retryable=True,
+            details={"cause": name, "errno": errno.errorcode[exc.errno]},
+        )
     return InternalError(f"unexpected {name}", details={"cause": name})

@@ -33,7 +33,14 @@ class _RuleSpec(BaseModel):
     severity: Severity = Field(description="What firing does.")
     when: str = Field(min_length=1, max_length=4000, description="CEL condition (a bool).")
     approvers: list[str] = Field(default_factory=list, description="Who may approve (ASK).")
+    require_proof: bool = Field(
+        default=False,
+        description="Approvers must enter their one-time code (ASK, SOFT_BLOCK).",
+    )
     log_only: bool = Field(default=False, description="Shadow mode for this rule.")
+    scope: Literal["round", "candidate"] = Field(
+        default="round", description="Judge the whole batch, or each candidate."
+    )
 
 
 class _PolicySettings(BaseModel):
@@ -56,6 +63,9 @@ class _PolicySettings(BaseModel):
     )
     latch_stop: bool = Field(default=False, description="Refuse every round after a HARD_STOP.")
     log_only: bool = Field(default=False, description="Shadow mode for every rule.")
+    top_up_from_fallback: bool = Field(
+        default=False, description="Fill a batch thinned by candidate rules from the fallback."
+    )
 
 
 class _PolicyFile(BaseModel):
@@ -144,7 +154,9 @@ def policy_from_dict(data: Mapping[str, Any], *, source: str = "<policy>") -> Po
                     description=rule_spec.description,
                     advice=rule_spec.advice,
                     approvers=tuple(rule_spec.approvers),
+                    require_proof=rule_spec.require_proof,
                     log_only=rule_spec.log_only,
+                    scope=rule_spec.scope,
                 )
             )
         except SpecInvalid as exc:
@@ -161,6 +173,7 @@ def policy_from_dict(data: Mapping[str, Any], *, source: str = "<policy>") -> Po
             escalate_to=settings.escalate_to,
             latch_stop=settings.latch_stop,
             log_only=settings.log_only,
+            top_up_from_fallback=settings.top_up_from_fallback,
         )
     except SpecInvalid as exc:
         details = exc.details

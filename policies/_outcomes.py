@@ -95,6 +95,7 @@ class Suspend:
 
     reason: str
     approvers: tuple[str, ...] = ()
+    require_proof: bool = False  # an answer counts only with the approver's one-time code
 
     kind: ClassVar[OutcomeKind] = "suspend"
     rank: ClassVar[int] = 4
@@ -128,7 +129,8 @@ def combine(*outcomes: Outcome) -> Outcome:
     """Return the most severe outcome; equally severe ones merge.
 
     Ties keep every reason (joined with ``"; "`` in order, duplicates dropped),
-    unite approvers and escalation targets, and keep the first block's code.
+    unite approvers and escalation targets (proof is required if any asks it), and
+    keep the first block's code.
     Two ``Continue(modified=...)`` cannot be merged safely, so the first one's
     change wins. No outcomes at all means ``Continue()``.
     """
@@ -145,8 +147,9 @@ def combine(*outcomes: Outcome) -> Outcome:
     if isinstance(first, Escalate):
         return Escalate(reason, _union(*(o.to for o in tied if isinstance(o, Escalate))))
     if isinstance(first, Suspend):
-        approvers = _union(*(o.approvers for o in tied if isinstance(o, Suspend)))
-        return Suspend(reason, approvers)
+        suspends = [o for o in tied if isinstance(o, Suspend)]
+        approvers = _union(*(o.approvers for o in suspends))
+        return Suspend(reason, approvers, any(o.require_proof for o in suspends))
     return Block(reason, first.code)
 
 

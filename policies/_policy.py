@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from policies._context import RoundContext, cel_variables
+from policies._context import CandidateView, RoundContext, cel_variables
 from policies._decision import Decision, Effect, Firing, render_feedback
 from policies._errors import SpecInvalid
 from policies._outcomes import Block, Escalate, Outcome, Retry, Suspend, combine
@@ -77,6 +77,8 @@ class Policy:
         escalate_to: What an exhausted SOFT_BLOCK becomes: HARD_STOP or ASK.
         latch_stop: After a HARD_STOP, refuse every round until :meth:`resume`.
         log_only: Shadow mode for every rule.
+        top_up_from_fallback: When candidate rules thin a batch, fill it back up
+            to its size with the fallback's candidates (those the rules accept).
 
     Raises:
         SpecInvalid: Duplicate rule names or an invalid setting.
@@ -93,8 +95,10 @@ class Policy:
         escalate_to: Severity | str = Severity.HARD_STOP,
         latch_stop: bool = False,
         log_only: bool = False,
+        top_up_from_fallback: bool = False,
     ) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules)
+        self.top_up_from_fallback = top_up_from_fallback
         seen: set[str] = set()
         for rule in self.rules:
             if rule.name in seen:
@@ -126,9 +130,11 @@ class Policy:
         self.escalate_to: Severity = target
         self.latch_stop = latch_stop
         self.log_only = log_only
-        self._has_cel = any(rule.expression is not None for rule in self.rules)
+        self.candidate_rules = tuple(rule for rule in self.rules if rule.scope == "candidate")
+        self._round_rules = tuple(rule for rule in self.rules if rule.scope == "round")
+        self._has_cel = any(rule.expression is not None for rule in self._round_rules)
         self._with_candidates = any(
-            rule.expression is not None and rule.reads_candidates for rule in self.rules
+            rule.expression is not None and rule.reads_candidates for rule in self._round_rules
         )
         self._state = _State()
 
@@ -185,6 +191,7 @@ class Policy:
             escalate_to=self.escalate_to,
             latch_stop=self.latch_stop,
             log_only=self.log_only,
+            top_up_from_fallback=self.top_up_from_fallback,
         )
         policy.load_state(state)
         return policy
@@ -202,6 +209,8 @@ class Policy:
             )
         acts: list[_Act] = []
         for index, rule in enumerate(self.rules):
+            if rule.scope == "candidate":
+                continue  # judged one candidate at a time (refuse_candidates)
             detail = rule.check(ctx, variables)
             shadow = self.log_only or rule.log_only
             if detail is None:
@@ -213,6 +222,28 @@ class Policy:
             else:
                 acts.append(self._act(rule, detail, ctx, index))
         return self._decide(acts)
+
+    def refuse_candidates(
+        self, ctx: RoundContext, candidates: Iterable[CandidateView]
+    ) -> dict[int, tuple[str, str]]:
+        """Judge each candidate by the candidate-scoped rules; keep no state.
+
+        Returns:
+            For each refused candidate's index, the first rule (in policy order)
+            that refused it and why. Shadow-mode rules refuse nothing.
+        """
+        rules = [rule for rule in self.candidate_rules if not (self.log_only or rule.log_only)]
+        if not rules:
+            return {}
+        variables = cel_variables(ctx, with_candidates=False)
+        refused: dict[int, tuple[str, str]] = {}
+        for candidate in candidates:
+            for rule in rules:
+                detail = rule.check_candidate(candidate, variables)
+                if detail is not None:
+                    refused[candidate.index] = (rule.name, f"rule '{rule.name}': {detail}")
+                    break
+        return refused
 
     def _firing(self, rule: Rule, detail: str, effect: Effect, **extra: Any) -> Firing:
         return Firing(
@@ -232,7 +263,7 @@ class Policy:
             return Retry(reason), "retry", Severity.PERSISTENT_BLOCK
         if not ctx.can_suspend:
             return Escalate(reason, rule.approvers), "escalate", Severity.ASK
-        return Suspend(reason, rule.approvers), "suspend", Severity.ASK
+        return Suspend(reason, rule.approvers, rule.require_proof), "suspend", Severity.ASK
 
     def _act(self, rule: Rule, detail: str, ctx: RoundContext, index: int) -> _Act:
         """Apply a fired rule's severity, updating counters, pointers and the latch."""

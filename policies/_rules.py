@@ -12,9 +12,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
-from policies._context import CEL_FIELDS, RoundContext, cel_variables, sample_contexts
+from policies._context import (
+    CANDIDATE_FIELDS,
+    CEL_FIELDS,
+    CandidateView,
+    RoundContext,
+    candidate_variables,
+    cel_variables,
+    sample_candidates,
+    sample_contexts,
+)
 from policies._errors import SpecInvalid
 
 if TYPE_CHECKING:
@@ -70,9 +79,19 @@ _STRING_LITERAL: Final = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'""")
 _BOUND_NAME: Final = re.compile(
     r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,"
 )
-_FIELD_ACCESS: Final = re.compile(
-    r"(?<![\w.])(" + "|".join(CEL_FIELDS) + r")\s*\.\s*([A-Za-z_]\w*)"
-)
+Scope: TypeAlias = Literal["round", "candidate"]
+# A candidate-scoped rule reads the round's maps and the candidate it judges.
+_FIELDS: Final[dict[str, dict[str, frozenset[str]]]] = {
+    "round": CEL_FIELDS,
+    "candidate": {**CEL_FIELDS, "candidate": CANDIDATE_FIELDS},
+}
+
+
+def _field_access(fields: dict[str, frozenset[str]]) -> re.Pattern[str]:
+    return re.compile(r"(?<![\w.])(" + "|".join(fields) + r")\s*\.\s*([A-Za-z_]\w*)")
+
+
+_FIELD_ACCESS: Final = {scope: _field_access(fields) for scope, fields in _FIELDS.items()}
 # Any use of ``batch`` other than its two scalar fields may reach the candidates.
 _MAY_READ_CANDIDATES: Final = re.compile(r"(?<![\w.])batch(?!\s*\.\s*(?:size|node_hours)\b)")
 
@@ -111,8 +130,9 @@ class CompiledExpression:
     reads_candidates: bool
 
     @classmethod
-    def compile(cls, rule: str, source: str) -> CompiledExpression:
+    def compile(cls, rule: str, source: str, scope: Scope = "round") -> CompiledExpression:
         """Compile ``source`` for ``rule``, or raise :class:`SpecInvalid` naming the problem."""
+        fields = _FIELDS[scope]
         if not source.strip():
             raise _spec_error(rule, "when", "the expression is empty")
         try:
@@ -123,20 +143,27 @@ class CompiledExpression:
             ) from None
         code = _STRING_LITERAL.sub('""', source)
         bound = set(_BOUND_NAME.findall(code))
-        unknown = sorted(set(program.variables()) - set(CEL_FIELDS) - bound)
+        unknown = sorted(set(program.variables()) - set(fields) - bound)
         if unknown:
-            known = ", ".join(sorted(CEL_FIELDS))
+            known = ", ".join(sorted(fields))
             raise _spec_error(rule, "when", f"unknown variable {unknown[0]!r} (known: {known})")
         paths: dict[str, None] = {}
-        for top, name in _FIELD_ACCESS.findall(code):
-            if name not in CEL_FIELDS[top]:
-                known = ", ".join(sorted(CEL_FIELDS[top]))
+        for top, name in _FIELD_ACCESS[scope].findall(code):
+            if name not in fields[top]:
+                known = ", ".join(sorted(fields[top]))
                 raise _spec_error(rule, "when", f"unknown field '{top}.{name}' (known: {known})")
             paths.setdefault(f"{top}.{name}", None)
         compiled = cls(source, program, tuple(paths), bool(_MAY_READ_CANDIDATES.search(code)))
-        for sample in sample_contexts():
+        samples = [cel_variables(sample) for sample in sample_contexts()]
+        if scope == "candidate":
+            samples = [
+                {**variables, "candidate": candidate_variables(candidate)}
+                for variables in samples
+                for candidate in sample_candidates()
+            ]
+        for sample in samples:
             try:
-                result = program.execute(cel_module().Context(cel_variables(sample)))
+                result = program.execute(cel_module().Context(sample))
             except Exception as exc:  # noqa: BLE001  # any failure on a sample is a load error
                 raise _spec_error(
                     rule,
@@ -178,7 +205,12 @@ class Rule:
         description: What the rule protects.
         advice: How a proposal can comply; goes into the agent's feedback.
         approvers: Who may approve, for ASK (and SOFT_BLOCK escalating to ASK).
+        require_proof: An approver must prove who they are (a one-time code of
+            their own) for the answer to count; ASK and SOFT_BLOCK rules only.
         log_only: Shadow mode: report what the rule would do, never act on it.
+        scope: ``round`` judges the whole proposal; ``candidate`` judges each
+            candidate (``candidate.x``, ``candidate.index``, ``candidate.prediction``)
+            and refuses the ones it fires on; such a rule is HARD_STOP.
 
     Raises:
         SpecInvalid: The name is empty or the CEL expression is invalid.
@@ -190,7 +222,9 @@ class Rule:
     description: str = ""
     advice: str = ""
     approvers: tuple[str, ...] = ()
+    require_proof: bool = False
     log_only: bool = False
+    scope: Scope = "round"
     expression: CompiledExpression | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,9 +240,23 @@ class Rule:
         # The dataclass is frozen; normalising inputs once here is its constructor's job.
         object.__setattr__(self, "severity", severity)
         object.__setattr__(self, "approvers", tuple(self.approvers))
+        if self.require_proof and severity not in (Severity.ASK, Severity.SOFT_BLOCK):
+            raise _spec_error(
+                self.name,
+                "require_proof",
+                "only a rule that can ask for approval (ASK, SOFT_BLOCK) can require proof",
+            )
+        if self.scope not in _FIELDS:
+            raise _spec_error(self.name, "scope", "unknown scope (choose round or candidate)")
+        if self.scope == "candidate" and severity is not Severity.HARD_STOP:
+            raise _spec_error(
+                self.name,
+                "severity",
+                "a candidate rule refuses the candidates it fires on: its severity is HARD_STOP",
+            )
         expression = None
         if isinstance(self.when, str):
-            expression = CompiledExpression.compile(self.name, self.when)
+            expression = CompiledExpression.compile(self.name, self.when, self.scope)
         elif not callable(self.when):
             raise _spec_error(self.name, "when", "must be a CEL string or a callable")
         object.__setattr__(self, "expression", expression)
@@ -241,6 +289,34 @@ class Rule:
         if isinstance(result, str):
             return result
         return f"the condition yielded a {type(result).__name__}, not a bool; failing closed"
+
+    def check_candidate(self, candidate: CandidateView, variables: dict[str, Any]) -> str | None:
+        """Return why this candidate-scoped rule refuses ``candidate``, else ``None``.
+
+        ``variables`` are the round's CEL maps; a condition that fails refuses (fail closed).
+        A callable condition takes the :class:`CandidateView`.
+        """
+        try:
+            if self.expression is not None:
+                context = cel_module().Context(
+                    {**variables, "candidate": candidate_variables(candidate)}
+                )
+                result: object = self.expression.program.execute(context)
+            else:
+                assert not isinstance(self.when, str)  # narrowed by __post_init__
+                result = self.when(candidate)  # type: ignore[arg-type]  # a candidate callable
+        except Exception as exc:  # noqa: BLE001  # fail closed on any condition failure
+            return f"the condition could not be checked ({type(exc).__name__}); failing closed"
+        if result is None or result is False or result == "":
+            return None
+        if result is True:
+            if self.expression is None:
+                return "condition held"
+            held = f"`{self.expression.source}` held for candidate {candidate.index}"
+            if candidate.prediction is not None and "candidate.prediction" in self.expression.paths:
+                held += f" (candidate.prediction={candidate.prediction:.6g})"
+            return held
+        return result if isinstance(result, str) else "the condition did not yield a bool"
 
     def _cel_detail(self, ctx: RoundContext) -> str:
         assert self.expression is not None

@@ -138,6 +138,23 @@ class TestChecks:
         assert verdicts[1].reason == "two says no"
         assert all(v.duration >= 0 for v in verdicts)
 
+    async def test_what_a_check_reports_is_its_verdicts_details(self):
+        def passes(value):
+            return {"ran_on": "job 12"}
+
+        def refuses(value):
+            raise Rejected("too big", details={"ran_on": "job 13"})
+
+        def silent(value):
+            return "not a mapping"  # only a mapping counts as details
+
+        with pytest.raises(NotAccepted) as caught:
+            await accept(producing(1), checks=[silent, passes, refuses], name="g")
+        verdicts = caught.value.attempts[0].verdicts
+        assert [v.details for v in verdicts] == [None, {"ran_on": "job 12"}, {"ran_on": "job 13"}]
+        dumped = json.loads(caught.value.attempts[0].model_dump_json())
+        assert dumped["verdicts"][1]["details"] == {"ran_on": "job 12"}
+
     async def test_sync_and_async_checks_mix(self):
         async def async_check(value):
             await asyncio.sleep(0)

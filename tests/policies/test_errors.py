@@ -11,7 +11,10 @@ from pydantic import BaseModel, ValidationError
 from acceptance import Attempt, NotAccepted
 from policies import (
     CODES,
+    ApprovalRejected,
+    ApprovalTimeout,
     BatchSummary,
+    BudgetExceeded,
     DeadlineExceeded,
     InternalError,
     NotAcceptedError,
@@ -169,3 +172,27 @@ class TestNoContentLeaks:
             assert_clean(json.dumps(decision.to_record()))
             assert_clean(repr(decision))
         assert_clean(json.dumps(policy.to_state()))
+
+
+class TestRunStatus:
+    """How a campaign stopped by an error ends is data on the error, like its code."""
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            PolicyDenied("r"),
+            BudgetExceeded("r"),
+            ApprovalRejected("r"),
+            ApprovalTimeout("r"),
+        ],
+    )
+    def test_a_deliberate_stop_blocks_the_run(self, error):
+        assert error.run_status == "blocked"
+
+    def test_any_other_error_leaves_no_status_so_the_run_failed(self):
+        assert InternalError("r").run_status is None
+        assert DeadlineExceeded("r").run_status is None
+
+    def test_the_raiser_may_say_the_run_escalated(self):
+        error = PolicyDenied("r", run_status="escalated")
+        assert (error.code, error.run_status) == ("policy_denied", "escalated")

@@ -17,6 +17,7 @@ EXPECTED = [
     "BatchSummary",
     "Block",
     "BudgetExceeded",
+    "CandidateView",
     "Continue",
     "DeadlineExceeded",
     "Decision",
