@@ -3,10 +3,17 @@
 A flow that resumes after an approval runs again from the top. ``launch_batch``
 asks the ``BatchStore`` first: when the batch with the same key has finished
 results, they are returned and nothing runs.
+
+When the allocation ends mid-batch, its unfinished tasks come back
+``interrupted``; ``launch_batch`` then relaunches exactly those candidates as
+their own batch (``relaunch`` 1, 2, ..., keyed apart), in the next allocation,
+until each has a final result. Every relaunch is recorded like a batch, so a
+restart replays the chain instead of running a completed candidate again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -15,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from tasks._executor import AllocationExecutor, OnResult
+from tasks._executor import STALLED_ALLOCATIONS, AllocationExecutor, OnResult
 from tasks._results import ExecutableTask, FunctionTask, TaskResult, TaskSpec
 
 Candidate = Sequence[float]
@@ -33,20 +40,29 @@ def _canonical_candidates(candidates: Sequence[Candidate]) -> list[list[float]]:
 
 
 def batch_key(
-    campaign: str, round_index: int, candidates: Sequence[Candidate], simulation_id: str
+    campaign: str,
+    round_index: int,
+    candidates: Sequence[Candidate],
+    simulation_id: str,
+    *,
+    relaunch: int = 0,
 ) -> str:
     """Return the idempotency key of a batch: sha256 over canonical JSON.
 
     Stable across processes and Python versions: numbers become floats (so
     ``1`` and ``1.0`` are the same candidate) and JSON is written with sorted
-    keys and no whitespace.
+    keys and no whitespace. ``relaunch`` (the n-th relaunch of interrupted
+    candidates) is part of the key only when it is not 0, so round batches keep
+    the keys they always had.
     """
-    document = {
+    document: dict[str, Any] = {
         "campaign": campaign,
         "round": int(round_index),
         "simulation": simulation_id,
         "candidates": _canonical_candidates(candidates),
     }
+    if relaunch:
+        document["relaunch"] = int(relaunch)
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -67,8 +83,9 @@ class BatchStore(Protocol):
         round_index: int,
         candidates: list[list[float]],
         backend: str,
+        relaunch: int = 0,
     ) -> None:
-        """Record that batch ``key`` was launched (idempotent)."""
+        """Record that batch ``key`` was launched (idempotent); ``relaunch`` > 0 for relaunches."""
         ...
 
     def record_batch_results(self, key: str, results: Sequence[TaskResult]) -> None:
@@ -98,6 +115,7 @@ class MemoryBatchStore:
         round_index: int,
         candidates: list[list[float]],
         backend: str,
+        relaunch: int = 0,
     ) -> None:
         """Record that batch ``key`` was launched; a second call changes nothing."""
         with self._lock:
@@ -108,6 +126,7 @@ class MemoryBatchStore:
                     "round_index": round_index,
                     "candidates": [list(c) for c in candidates],
                     "backend": backend,
+                    "relaunch": relaunch,
                 },
             )
 
@@ -195,11 +214,19 @@ class Simulation:
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    """The results of a batch and whether they were reused from the store."""
+    """The final results of a batch, whether they were reused, and how often it relaunched.
+
+    ``results`` has one entry per candidate, in order: the last word on it (a
+    relaunched candidate's result from its relaunch). ``key`` is the round batch's key.
+    """
 
     key: str
     results: list[TaskResult]
     reused: bool
+    relaunches: int = 0
+
+
+SecondsFor = Callable[[int], float]
 
 
 async def launch_batch(
@@ -211,32 +238,97 @@ async def launch_batch(
     candidates: Sequence[Candidate],
     simulation: Simulation,
     on_result: OnResult | None = None,
+    seconds_for: SecondsFor | None = None,
 ) -> BatchOutcome:
-    """Run one simulation per candidate, at most once per batch key.
+    """Run one simulation per candidate, at most once per batch key; relaunch interruptions.
 
     If ``store`` already holds the results of this batch (same campaign, round,
     candidates and simulation id) they are returned and nothing runs
     (``reused=True``). Otherwise the launch is recorded, the batch runs, and the
     results are recorded. Failed simulations are results, not exceptions.
+
+    Candidates whose tasks come back ``interrupted`` (the allocation ended) are
+    relaunched as batch ``relaunch=1, 2, ...`` in the next allocation, each
+    recorded in the store, until none is left (see ``AllocationExecutor.run_until_done``
+    for when it gives up).
+
+    Args:
+        seconds_for: How long ``n`` of these simulations take on the site; before a
+            batch that must run, ``executor.ensure_time`` gets a fresh allocation
+            when the current one would end first (walltime-aware launch).
+
+    Raises:
+        policies.BudgetExceeded: A relaunch needs an allocation beyond the site's budget.
     """
     canonical = _canonical_candidates(candidates)
     key = batch_key(campaign, round_index, canonical, simulation.id)
+    indexes = list(range(len(canonical)))
+    results, reused = await _launch_once(
+        executor, store, key, 0, indexes, canonical, campaign, round_index, simulation,
+        on_result, seconds_for,
+    )  # fmt: skip
+    merged = list(results)
+    relaunch = stalled = 0
+    while True:
+        again = [i for i, result in enumerate(merged) if result.status == "interrupted"]
+        if not again or stalled >= STALLED_ALLOCATIONS:
+            break
+        relaunch += 1
+        subset = [canonical[i] for i in again]
+        sub_key = batch_key(campaign, round_index, subset, simulation.id, relaunch=relaunch)
+        rerun, _ = await _launch_once(
+            executor, store, sub_key, relaunch, again, subset, campaign, round_index,
+            simulation, on_result, seconds_for,
+        )  # fmt: skip
+        stalled = 0 if any(r.status != "interrupted" for r in rerun) else stalled + 1
+        for index, result in zip(again, rerun, strict=True):
+            merged[index] = _at_index(result, index)
+    return BatchOutcome(key=key, results=merged, reused=reused, relaunches=relaunch)
+
+
+def _at_index(result: Any, index: int) -> Any:
+    """Return ``result`` renumbered to its candidate's place in the round batch."""
+    if getattr(result, "index", index) == index:
+        return result
+    if hasattr(result, "model_copy"):
+        return result.model_copy(update={"index": index})
+    return dataclasses.replace(result, index=index)
+
+
+async def _launch_once(
+    executor: AllocationExecutor,
+    store: BatchStore,
+    key: str,
+    relaunch: int,
+    indexes: list[int],
+    candidates: list[list[float]],
+    campaign: str,
+    round_index: int,
+    simulation: Simulation,
+    on_result: OnResult | None,
+    seconds_for: SecondsFor | None,
+) -> tuple[list[Any], bool]:
+    """Return the recorded results of batch ``key``, or run and record it; say which."""
     finished = store.find_batch(key)
     if finished is not None:
-        return BatchOutcome(key=key, results=finished, reused=True)
+        return finished, True
+    if seconds_for is not None:
+        await executor.ensure_time(seconds_for(len(candidates)))
+    elif executor.allocation_lost:
+        await executor.request_allocation()
     store.record_batch_launched(
         key,
         campaign=campaign,
         round_index=round_index,
-        candidates=canonical,
+        candidates=candidates,
         backend=executor.backend_kind,
+        relaunch=relaunch,
     )
     tasks = [
-        simulation.task_for(candidate, index=i, campaign=campaign, round_index=round_index)
-        for i, candidate in enumerate(canonical)
+        simulation.task_for(candidate, index=index, campaign=campaign, round_index=round_index)
+        for index, candidate in zip(indexes, candidates, strict=True)
     ]
-    results = await executor.run_batch(
-        tasks, key_prefix=f"{campaign}/{round_index}/{key[:16]}", on_result=on_result
-    )
+    prefix = f"{campaign}/{round_index}/{key[:16]}"
+    results = await executor.run_batch(tasks, key_prefix=prefix, on_result=on_result)
     store.record_batch_results(key, results)
-    return BatchOutcome(key=key, results=results, reused=False)
+    return results, False

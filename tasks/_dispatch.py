@@ -13,6 +13,13 @@ Three paths, chosen per site and task:
 * everything else (Dask, RADICAL-Pilot, local ``dispatch = "engine"``): through
   the ``WorkflowEngine``, at most ``max_concurrency`` in flight so its run loop
   stays cheap, with a unique Dask key per attempt.
+
+Every outcome says where it ran: the host and, inside a batch job, the Slurm job id
+(read on the worker, so a Dask-on-Slurm task names the worker's job). When the
+site's allocations are watched (``AllocationWatch``) and all of them have ended,
+an attempt still waiting or running comes back ``interrupted``, not ``failed``.
+On a RADICAL-Pilot site the pilot's job is watched: RADICAL-Pilot fails (or
+cancels) the tasks of a pilot whose job ended, and those are ``interrupted`` too.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import os
 import pickle
 import re
 import shlex
@@ -29,19 +37,28 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from policies import UnattendedError
+from tasks._asyncflow_internals import forget_finished, task_uid
 from tasks._executables import ExecOutcome, SpawnFailed, run_executable, run_executable_blocking
 from tasks._results import ExecutableTask, FunctionTask, TaskStatus, jsonable, tail
+
+if TYPE_CHECKING:
+    from tasks._allocations import AllocationRecord, AllocationWatch
 
 #: Exceptions that mean the worker, not the task, went away: always transient.
 LOST_WORKER = frozenset(
     {"KilledWorker", "CommClosedError", "BrokenProcessPool", "WorkerLostError", "StreamClosedError"}
 )
+
+#: A pilot task can fail a moment before ``squeue`` shows its job ended: ask this
+#: many times, this many seconds apart, before calling the failure the task's own.
+PILOT_END_CHECKS = 3
+PILOT_END_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,7 @@ class AttemptOutcome:
     error_code: str | None = None
     transient: bool = False
     reason: str = ""
+    job_id: str | None = None
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -96,8 +114,10 @@ def call_pickled(payload: bytes) -> Any:
     return _call(fn, args, kwargs)
 
 
-async def remote_call(payload: bytes, offload: bool) -> tuple[str, float, Any]:
-    """Run a cloudpickled call where the engine's backend puts it; return (host, runtime, value).
+async def remote_call(payload: bytes, offload: bool) -> tuple[str, str | None, float, Any]:
+    """Run a cloudpickled call where the engine's backend puts it.
+
+    Returns ``(host, Slurm job id or None, runtime, value)``, read on the worker.
 
     asyncflow accepts only ``async`` task functions. On Dask a coroutine runs on
     the worker's event loop, so the blocking call is ``offload``-ed to a thread
@@ -109,7 +129,8 @@ async def remote_call(payload: bytes, offload: bool) -> tuple[str, float, Any]:
         value = await asyncio.to_thread(_call, fn, args, kwargs)
     else:
         value = _call(fn, args, kwargs)
-    return socket.gethostname(), time.perf_counter() - started, value
+    job_id = os.environ.get("SLURM_JOB_ID") or None
+    return socket.gethostname(), job_id, time.perf_counter() - started, value
 
 
 def dask_key(key: str) -> str:
@@ -253,6 +274,10 @@ class Dispatcher:
         self.grace = grace
         self.transient_codes = transient_codes
         self.replace_pool: Callable[[], Executor] | None = None
+        #: The batch job this process runs in; local tasks ran in it too.
+        self.job_id = os.environ.get("SLURM_JOB_ID") or None
+        #: The site's watched allocations (dask-jobqueue jobs, a pilot), if any.
+        self.allocations: AllocationWatch | None = None
         self._remote: Any = engine.function_task(remote_call) if engine is not None else None
         self._finished: list[str] = []
 
@@ -261,7 +286,7 @@ class Dispatcher:
     ) -> AttemptOutcome:
         """Run one attempt of a function task."""
         if self.direct and self.pool is not None:
-            return await self._function_direct(task, time_limit)
+            return self._here(await self._function_direct(task, time_limit))
         payload = cloudpickle.dumps((task.fn, tuple(task.args), dict(task.kwargs)))
         return await self._through_engine(payload, key, time_limit, lambda value: value, task)
 
@@ -280,7 +305,7 @@ class Dispatcher:
                     error_code="task_failed",
                     reason="spawn failed",
                 )
-            return executable_outcome(out, task, self.transient_codes, time_limit)
+            return self._here(executable_outcome(out, task, self.transient_codes, time_limit))
         if self.remote_kind == "radical_pilot":
             return await self._executable_pilot(task, time_limit)
         payload = cloudpickle.dumps(
@@ -294,8 +319,29 @@ class Dispatcher:
         backstop = None if time_limit is None else time_limit + 2 * self.grace + 30.0
         outcome = await self._through_engine(payload, key, backstop, None, task)
         if outcome.status == "done" and isinstance(outcome.value, ExecOutcome):
-            return executable_outcome(outcome.value, task, self.transient_codes, time_limit)
+            judged = executable_outcome(outcome.value, task, self.transient_codes, time_limit)
+            return replace(judged, job_id=outcome.job_id) if outcome.job_id else judged
         return outcome
+
+    def _here(self, outcome: AttemptOutcome) -> AttemptOutcome:
+        """Stamp a local outcome with the batch job this process runs in, if any."""
+        return outcome if self.job_id is None else replace(outcome, job_id=self.job_id)
+
+    def interrupted(self, record: AllocationRecord | None, runtime: float) -> AttemptOutcome:
+        """Return the outcome of an attempt whose allocation ended before it finished."""
+        if record is None:
+            why = "allocation ended"
+        else:
+            why = f"allocation ended: job {record.job_id} {record.state}"
+        return AttemptOutcome(
+            status="interrupted",
+            runtime=runtime,
+            host=record.nodes[0] if record is not None and record.nodes else self.host,
+            error_code="allocation_ended",
+            reason=why,
+            stderr_tail=why,
+            job_id=record.job_id if record is not None else None,
+        )
 
     async def _function_direct(
         self, task: FunctionTask, time_limit: float | None
@@ -333,17 +379,28 @@ class Dispatcher:
         task: FunctionTask | ExecutableTask,
     ) -> AttemptOutcome:
         started = time.perf_counter()
+        watch = self.allocations
+        lost = watch.lost if watch is not None else None
+        if lost is not None and lost.done():
+            # Nothing is left to run it: do not leave it queued for the next allocation.
+            return self.interrupted(lost.result(), 0.0)
         offload = self.remote_kind == "dask"
         # Dask keys the task by this; every attempt of every task is unique.
         future = self._remote(payload, offload, task_description={"key": dask_key(key)})
         try:
             # Not wait_for: asyncflow's cancel only *requests* a backend cancel, and
             # wait_for would wait for the backend to confirm it.
-            done, _ = await asyncio.wait({future}, timeout=time_limit)
+            waiting = {future} if lost is None else {future, lost}
+            done, _ = await asyncio.wait(
+                waiting, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
+            )
             if future not in done:
+                # Cancelled in Dask too, so it cannot run in the next allocation.
                 future.cancel()
+                if lost is not None and lost in done:
+                    return self.interrupted(lost.result(), time.perf_counter() - started)
                 return timed_out(time.perf_counter() - started, self.host, time_limit)
-            host, runtime, value = future.result()
+            host, job_id, runtime, value = future.result()
         except asyncio.CancelledError:
             if not future.done():
                 future.cancel()
@@ -359,40 +416,83 @@ class Dispatcher:
                 stderr_tail="cancelled by the execution backend",
             )
         except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
+            if watch is not None and type(exc).__name__ in LOST_WORKER:
+                # The worker went away: if its allocation did too, this is an interruption.
+                await watch.refresh()
+                if watch.is_lost:
+                    return self.interrupted(watch.lost.result(), time.perf_counter() - started)
             types = task.transient if isinstance(task, FunctionTask) else ()
             return _function_failure(exc, types, time.perf_counter() - started, self.host)
         finally:
             self._forget(future)
         if convert is None:
-            return AttemptOutcome(status="done", value=value, runtime=runtime, host=host)
-        return function_done(convert(value), runtime, host)
+            return AttemptOutcome(
+                status="done", value=value, runtime=runtime, host=host, job_id=job_id
+            )
+        outcome = function_done(convert(value), runtime, host)
+        return outcome if job_id is None else replace(outcome, job_id=job_id)
 
     async def _executable_pilot(
         self, task: ExecutableTask, time_limit: float | None
     ) -> AttemptOutcome:
-        """Run an executable as a RADICAL-Pilot task (no stdin, env or cwd there)."""
+        """Run an executable as a RADICAL-Pilot task (stdin travels as an argument).
+
+        The task first prints the Slurm job and host it runs on (``tasks._radical``);
+        env and cwd are not supported there.
+        """
+        from tasks._radical import pilot_command, split_where
+
         started = time.perf_counter()
-        if task.stdin is not None or task.env is not None or task.cwd is not None:
+        if task.env is not None or task.cwd is not None:
             return AttemptOutcome(
                 status="failed",
                 host=self.host,
                 error_code="task_failed",
-                stderr_tail="stdin, env and cwd are not supported on radical_pilot sites",
+                stderr_tail="env and cwd are not supported on radical_pilot sites",
                 reason="unsupported on radical_pilot",
             )
-        command = shlex.join(task.argv)
+        command = shlex.join(pilot_command(list(task.argv), task.stdin))
 
         async def command_line() -> str:
             return command
 
+        watch = self.allocations
+        lost = watch.lost if watch is not None else None
+        if lost is not None and lost.done():
+            # The pilot's job has ended: wait for the next allocation, do not fail here.
+            return self.interrupted(lost.result(), 0.0)
         future = self.engine.executable_task(command_line)()
         try:
-            done, _ = await asyncio.wait({future}, timeout=time_limit)
+            waiting = {future} if lost is None else {future, lost}
+            done, _ = await asyncio.wait(
+                waiting, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
+            )
             if future not in done:
                 future.cancel()
+                if lost is not None and lost in done:
+                    return self.interrupted(lost.result(), time.perf_counter() - started)
                 return timed_out(time.perf_counter() - started, self.host, time_limit)
             stdout = future.result()
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            if await self._pilot_ended():
+                assert watch is not None
+                return self.interrupted(watch.lost.result(), time.perf_counter() - started)
+            return AttemptOutcome(
+                status="cancelled",
+                runtime=time.perf_counter() - started,
+                host=self.host,
+                error_code="task_failed",
+                reason="cancelled by the backend",
+                stderr_tail="cancelled by the execution backend",
+            )
         except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
+            if await self._pilot_ended():
+                # RADICAL-Pilot fails the tasks of a pilot whose job ended: an interruption.
+                assert watch is not None
+                return self.interrupted(watch.lost.result(), time.perf_counter() - started)
             return AttemptOutcome(
                 status="failed",
                 runtime=time.perf_counter() - started,
@@ -401,23 +501,30 @@ class Dispatcher:
                 error_code="task_failed",
                 reason=type(exc).__name__,
             )
-        out = ExecOutcome(0, str(stdout), "", False, time.perf_counter() - started, self.host)
-        return executable_outcome(out, task, self.transient_codes, time_limit)
+        job_id, host, output = split_where(str(stdout))
+        where = host or self.host
+        out = ExecOutcome(0, output, "", False, time.perf_counter() - started, where)
+        outcome = executable_outcome(out, task, self.transient_codes, time_limit)
+        return replace(outcome, job_id=job_id) if job_id else outcome
+
+    async def _pilot_ended(self) -> bool:
+        """True when the pilot's job has ended (asked a few times: tasks may fail first)."""
+        watch = self.allocations
+        if watch is None:
+            return False
+        for attempt in range(PILOT_END_CHECKS):
+            if attempt:
+                await asyncio.sleep(PILOT_END_WAIT)
+            await watch.refresh()
+            if watch.is_lost:
+                return True
+        return False
 
     def _forget(self, future: Any) -> None:
         """Drop finished components from the engine, which otherwise keeps them all."""
-        description = getattr(future, "task", None)
-        if isinstance(description, dict) and "uid" in description:
-            self._finished.append(description["uid"])
+        uid = task_uid(future)
+        if uid is not None:
+            self._finished.append(uid)
         if len(self._finished) < 512:
             return
-        engine, keep = self.engine, []
-        for uid in self._finished:
-            # Only once the run loop has moved it out of `running` is it unreferenced.
-            if uid in engine.running or uid not in engine.resolved:
-                keep.append(uid)
-                continue
-            engine.components.pop(uid, None)
-            engine.dependencies.pop(uid, None)
-            engine.resolved.discard(uid)
-        self._finished = keep
+        self._finished = forget_finished(self.engine, self._finished)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import multiprocessing
 import os
 import signal
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies import SiteInvalid
+from tasks._allocations import AllocationWatch
+from tasks._asyncflow_internals import check_versions, loop_signal_handlers
 from tasks._site import SiteConfig
 from tasks._site_backends import DaskBackend, LocalBackend, RadicalPilotBackend
 
@@ -44,15 +47,9 @@ class SavedSignals:
     @classmethod
     def capture(cls, loop: asyncio.AbstractEventLoop) -> SavedSignals:
         """Record the current handlers of SIGINT, SIGTERM and SIGHUP."""
-        saved = cls()
-        # asyncio keeps loop handlers in a private dict; without reading it a
-        # handler the caller added with add_signal_handler would be lost.
-        loop_handlers: dict[int, Any] = getattr(loop, "_signal_handlers", {}) or {}
+        saved = cls(loop=loop_signal_handlers(loop, _ENGINE_SIGNALS))
         for sig in _ENGINE_SIGNALS:
             saved.python[sig] = signal.getsignal(sig)
-            handle = loop_handlers.get(sig)
-            if handle is not None:
-                saved.loop[sig] = (handle._callback, tuple(handle._args))
         return saved
 
     def restore(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -112,10 +109,15 @@ class EngineParts:
     backend: Any
     pool: Executor | None = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    #: The batch jobs carrying the workers, when the site starts them itself.
+    allocations: AllocationWatch | None = None
+    #: Run before the engine and backend shut down (a pilot's session cancels it).
+    before_close: list[Callable[[], Any]] = field(default_factory=list)
 
 
 async def start_engine(site: SiteConfig, *, work_dir: str | None = None) -> EngineParts:
     """Create the site's execution backend and one ``WorkflowEngine`` over it."""
+    check_versions()  # before anything of asyncflow runs: its internals are touched
     from radical.asyncflow import LocalExecutionBackend, WorkflowEngine
 
     spec = site.backend
@@ -125,9 +127,9 @@ async def start_engine(site: SiteConfig, *, work_dir: str | None = None) -> Engi
         backend = await LocalExecutionBackend(pool)
         parts = EngineParts(engine=None, backend=backend, pool=pool)
     elif isinstance(spec, DaskBackend):
-        parts = await _dask_backend(site, spec)
+        parts = await _dask_backend(site, spec, work_dir=work_dir)
     elif isinstance(spec, RadicalPilotBackend):
-        parts = await _radical_pilot_backend(site, spec)
+        parts = await _radical_pilot_backend(site, spec, work_dir=work_dir)
     else:  # pragma: no cover - the discriminated union admits nothing else
         raise SiteInvalid("unknown backend kind", details={"field": "backend.kind"})
     try:
@@ -142,6 +144,10 @@ async def start_engine(site: SiteConfig, *, work_dir: str | None = None) -> Engi
 
 async def close_parts(parts: EngineParts, *, engine_started: bool = True) -> None:
     """Shut the engine and its backend down, then close clusters and clients."""
+    for first in parts.before_close:
+        result = first()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            await result
     if engine_started and parts.engine is not None:
         await parts.engine.shutdown()
     elif parts.backend is not None:
@@ -152,7 +158,9 @@ async def close_parts(parts: EngineParts, *, engine_started: bool = True) -> Non
             await result
 
 
-async def _dask_backend(site: SiteConfig, spec: DaskBackend) -> EngineParts:
+async def _dask_backend(
+    site: SiteConfig, spec: DaskBackend, *, work_dir: str | None
+) -> EngineParts:
     try:
         import distributed
         from rhapsody.backends.execution.dask_parallel import DaskExecutionBackend
@@ -160,6 +168,7 @@ async def _dask_backend(site: SiteConfig, spec: DaskBackend) -> EngineParts:
         raise _missing_extra(site, "backend.kind", "rhapsody-py[dask]") from None
 
     closers: list[Callable[[], Any]] = []
+    watch: AllocationWatch | None = None
     cluster: Any
     if spec.cluster == "local":
         cluster = await distributed.LocalCluster(  # type: ignore[no-untyped-call]  # untyped upstream
@@ -174,8 +183,11 @@ async def _dask_backend(site: SiteConfig, spec: DaskBackend) -> EngineParts:
         closers.append(cluster.close)
         address = cluster.scheduler_address
     elif spec.jobqueue is not None:
-        cluster = await _jobqueue_cluster(site, spec)
+        cluster, watch = await _jobqueue_cluster(site, spec, work_dir=work_dir or os.getcwd())
         closers.append(cluster.close)
+        # Runs before the cluster cancels the jobs still running (closers run in
+        # reverse): records how each job ended, and the rest as released.
+        closers.append(_release(watch))
         address = cluster.scheduler_address
     else:
         assert spec.scheduler_address is not None  # the model requires one source
@@ -195,60 +207,100 @@ async def _dask_backend(site: SiteConfig, spec: DaskBackend) -> EngineParts:
     # The backend never closes a client it was given: close it after the engine.
     closers.append(client.close)
     backend = await DaskExecutionBackend(client=client)
-    return EngineParts(engine=None, backend=backend, closers=closers)
+    return EngineParts(engine=None, backend=backend, closers=closers, allocations=watch)
 
 
-async def _jobqueue_cluster(site: SiteConfig, spec: DaskBackend) -> Any:
+def _release(watch: AllocationWatch) -> Callable[[], Any]:
+    async def release() -> None:
+        await watch.stop()
+        await watch.refresh()
+        watch.mark_released()
+
+    return release
+
+
+async def _jobqueue_cluster(
+    site: SiteConfig, spec: DaskBackend, *, work_dir: str
+) -> tuple[Any, AllocationWatch]:
+    """Start the jobqueue scheduler, submit the first allocation's jobs, and watch them."""
     assert spec.jobqueue is not None
+    if importlib.util.find_spec("dask_jobqueue") is None:
+        raise _missing_extra(site, "backend.jobqueue", "dask-jobqueue")
+    from tasks._jobqueue import WorkerJobs, log_directory, start_jobqueue_cluster
+
+    placeholders = [f for f in site.placeholders() if f.startswith(("scheduler.", "backend."))]
+    if placeholders:
+        raise SiteInvalid(
+            f"{site.source or site.name}: field {placeholders[0]} still holds a placeholder",
+            details={"file": site.source, "field": placeholders[0]},
+        )
+    cluster = await start_jobqueue_cluster(site, spec, log_directory(site, work_dir))
+    watch = AllocationWatch(
+        WorkerJobs(cluster, spec.jobqueue.jobs).submit,
+        env=os.environ,
+        poll_seconds=site.scheduler.poll_seconds,
+        max_allocations=site.scheduler.max_allocations,
+        max_node_hours=site.scheduler.max_node_hours,
+    )
     try:
-        import dask_jobqueue
-    except ImportError:
-        raise _missing_extra(site, "backend.jobqueue", "dask-jobqueue") from None
-    jobqueue = spec.jobqueue
-    cluster_class = {
-        "slurm": "SLURMCluster",
-        "pbs": "PBSCluster",
-        "sge": "SGECluster",
-        "lsf": "LSFCluster",
-    }[jobqueue.system]
-    options: dict[str, Any] = {
-        "cores": jobqueue.cores,
-        "memory": jobqueue.memory,
-        "processes": jobqueue.processes,
-        "job_extra_directives": list(jobqueue.job_extra_directives),
-        "asynchronous": True,
-    }
-    if jobqueue.interface:
-        options["interface"] = jobqueue.interface
-    if site.scheduler.account:
-        options["account"] = site.scheduler.account
-    if site.scheduler.queue:
-        options["queue"] = site.scheduler.queue
-    if site.scheduler.walltime:
-        options["walltime"] = site.scheduler.walltime
-    cluster = await getattr(dask_jobqueue, cluster_class)(**options)
-    cluster.scale(jobs=jobqueue.jobs)
-    return cluster
+        await watch.request()
+    except BaseException:
+        await cluster.close()
+        raise
+    watch.start()
+    return cluster, watch
 
 
-async def _radical_pilot_backend(site: SiteConfig, spec: RadicalPilotBackend) -> EngineParts:
+async def _radical_pilot_backend(
+    site: SiteConfig, spec: RadicalPilotBackend, *, work_dir: str | None
+) -> EngineParts:
+    """Start a pilot; its sessions, PSI/J scripts and resource config live under ``work_dir``."""
+    if importlib.util.find_spec("radical.pilot") is None:
+        raise _missing_extra(site, "backend.kind", "unattended[radical-pilot]")
+    from tasks._radical import (
+        SLURM_RESOURCE,
+        PilotJobs,
+        home_for_children,
+        import_radical,
+        pilot_resources,
+        radical_home,
+    )
+
+    home = contextlib.ExitStack()
+    root = home.enter_context(radical_home(site, spec, work_dir or os.getcwd()))
+    resources = pilot_resources(site, spec)
     try:
-        import radical.pilot  # noqa: F401  # only to test that the extra is installed
-        from rhapsody.backends.execution.radical_pilot import RadicalExecutionBackend
+        with home_for_children(root):
+            backend_class = import_radical()
+            backend = await backend_class(dict(resources))
     except ImportError:
+        home.close()
         raise _missing_extra(site, "backend.kind", "unattended[radical-pilot]") from None
-    resources: dict[str, Any] = {
-        "resource": spec.resource,
-        "cores": spec.cores,
-        "gpus": spec.gpus,
-        "runtime": spec.runtime_minutes,
-    }
-    if spec.queue:
-        resources["queue"] = spec.queue
-    if spec.project:
-        resources["project"] = spec.project
-    backend = await RadicalExecutionBackend(resources)
-    return EngineParts(engine=None, backend=backend)
+    except BaseException:
+        home.close()
+        raise
+    # The environment stays pointed at the campaign directory until the pilot is gone.
+    parts = EngineParts(engine=None, backend=backend, closers=[home.close])
+    if spec.resource != SLURM_RESOURCE:
+        return parts  # a machine RADICAL-Pilot knows: its jobs are not watched here
+    # Each allocation is one pilot job, watched like dask-jobqueue's worker jobs.
+    watch = AllocationWatch(
+        PilotJobs(backend, resources, env=os.environ).submit,
+        env=os.environ,
+        poll_seconds=site.scheduler.poll_seconds,
+        max_allocations=site.scheduler.max_allocations,
+        max_node_hours=site.scheduler.max_node_hours,
+    )
+    try:
+        await watch.request()
+    except BaseException:
+        await close_parts(parts, engine_started=False)
+        raise
+    watch.start()
+    parts.allocations = watch
+    # Before the session closes (it cancels the pilot): how the pilot ended, else released.
+    parts.before_close.append(_release(watch))
+    return parts
 
 
 def _missing_extra(site: SiteConfig, field_name: str, extra: str) -> SiteInvalid:

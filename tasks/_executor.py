@@ -10,6 +10,17 @@ One executor (one asyncflow engine) per process. Every task gets a unique key
 (executables also within the open-files limit), transient failures are retried
 a bounded number of times and every retry is recorded on the result. A task
 that fails is a ``TaskResult`` with ``status != "done"``, never an exception.
+
+On a site that starts its own batch jobs (``[backend.jobqueue]``) the executor
+requests the first allocation when it starts and watches it. Once every job of
+it has ended, unfinished tasks come back ``interrupted`` (with the job id), and
+``request_allocation()`` asks for the next one within the site's budget::
+
+    results = await executor.run_batch(tasks, key_prefix=...)
+    again = [t for t, r in zip(tasks, results) if r.status == "interrupted"]
+    if again:
+        await executor.request_allocation()
+        results = await executor.run_batch(again, key_prefix=...)
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -27,6 +39,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
+from tasks._allocations import AllocationRecord, AllocationWatch
+from tasks._asyncflow_internals import replace_pool
 from tasks._dispatch import AttemptOutcome, Dispatcher
 from tasks._engine import (
     EngineParts,
@@ -42,8 +56,12 @@ from tasks._executables import executable_slots
 from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult, TaskSpec
 from tasks._site import SiteConfig
 from tasks._site_backends import LocalBackend
+from tasks._slurm import job_from_env
 
 OnResult = Callable[[TaskResult], "Awaitable[None] | None"]
+logger = logging.getLogger("unattended.tasks.executor")
+#: Allocations in a row that finish none of a batch's tasks before it stops relaunching.
+STALLED_ALLOCATIONS = 2
 _MAX_BACKOFF = 300.0
 # Key suffixes: random per process, counted per call. One os.urandom per task
 # (uuid4) cost ~90 us on the VMs measured here, more than dispatching the task.
@@ -86,6 +104,7 @@ class AllocationExecutor:
         self._exec_slots: asyncio.Semaphore | None = None
         self._exec_limit = 0
         self._transient_codes = frozenset(site.transient_exit_codes)
+        self._watch: AllocationWatch | None = None
 
     @classmethod
     def from_site(cls, site: SiteConfig, *, work_dir: str | None = None) -> AllocationExecutor:
@@ -96,6 +115,129 @@ class AllocationExecutor:
     def backend_kind(self) -> str:
         """Return the site's backend kind: local, dask or radical_pilot."""
         return self.site.backend.kind
+
+    @property
+    def allocations(self) -> list[AllocationRecord]:
+        """Return every batch job this executor requested (none on sites without jobs).
+
+        Still readable after the executor closed: the jobs it let go are ``released``.
+        """
+        return self._watch.records if self._watch is not None else []
+
+    @property
+    def allocation_lost(self) -> bool:
+        """True when every job of the current allocation has ended."""
+        return self._watch is not None and self._watch.is_lost
+
+    def queue_line(self) -> str:
+        """Return ``waiting in queue: job 12 PENDING (Resources)``, or '' when nothing waits."""
+        return self._watch.queue_line() if self._watch is not None else ""
+
+    def allocation_end(self) -> float | None:
+        """Return when the allocation running the tasks ends (epoch seconds), if known.
+
+        On a site with its own jobs: the earliest planned end of the running jobs.
+        Otherwise the batch job this process runs in (``SLURM_JOB_END_TIME``), if any.
+        """
+        if self._watch is not None:
+            return self._watch.ends_at()
+        inside = job_from_env()
+        return inside.ends_at if inside is not None else None
+
+    async def request_allocation(self) -> list[AllocationRecord]:
+        """Ask the batch system for the next allocation; return its jobs' records.
+
+        Raises:
+            RuntimeError: The site starts no batch jobs of its own.
+            policies.BudgetExceeded: ``scheduler.max_allocations`` or
+                ``scheduler.max_node_hours`` is used up.
+        """
+        if self._watch is None or self._parts is None:
+            raise RuntimeError("this site starts no batch jobs of its own ([backend.jobqueue])")
+        return await self._watch.request()
+
+    async def refresh_allocations(self) -> None:
+        """Ask the batch system about the jobs now, instead of at the next poll."""
+        if self._watch is not None:
+            await self._watch.refresh()
+
+    def on_allocation_change(self, callback: Callable[[list[AllocationRecord]], None]) -> None:
+        """Call ``callback`` with every record whenever an allocation changes (and now)."""
+        if self._watch is not None:
+            self._watch.on_change = callback
+            callback(self._watch.records)
+
+    def seconds_left(self) -> float | None:
+        """Return seconds until the running allocation ends, if known (see ``allocation_end``)."""
+        end = self.allocation_end()
+        return None if end is None else max(0.0, end - time.time())
+
+    async def ensure_time(self, seconds: float) -> bool:
+        """Make sure work of ``seconds`` can finish in this allocation; return True if renewed.
+
+        Asks for the next allocation when the current one has ended, or when it runs
+        but ends in less than ``seconds`` while a fresh one (the site's walltime)
+        would hold the work. A job still queued has its whole walltime ahead. Work
+        longer than the walltime runs anyway: what is interrupted is relaunched.
+        """
+        if self._watch is None:
+            return False
+        if self._watch.is_lost:
+            await self.request_allocation()
+            return True
+        left = self._watch.seconds_left()
+        walltime = self.site.scheduler.walltime_seconds
+        if left is None or left >= seconds:
+            return False
+        if walltime is not None and seconds > walltime:
+            logger.warning(
+                "work of %.0f s is longer than the walltime (%.0f s): launched anyway",
+                seconds,
+                walltime,
+            )
+            return False
+        logger.info(
+            "%.0f s left in the allocation, %.0f s needed: asking for the next", left, seconds
+        )
+        await self.request_allocation()
+        return True
+
+    async def run_until_done(
+        self,
+        tasks: Iterable[TaskSpec],
+        *,
+        key_prefix: str,
+        on_result: OnResult | None = None,
+    ) -> list[TaskResult]:
+        """Run a batch; relaunch its interrupted tasks in new allocations until none is left.
+
+        The final result of each task is returned in input order. A new allocation is
+        requested only when the current one has ended (``policies.BudgetExceeded``
+        when the budget is used up). Sites without batch jobs run the batch once.
+        After ``STALLED_ALLOCATIONS`` allocations in a row that finish none of them
+        (tasks longer than the walltime), the rest is returned ``interrupted``.
+        """
+        todo = list(tasks)
+        results = await self.run_batch(todo, key_prefix=key_prefix, on_result=on_result)
+        relaunch = stalled = 0
+        while self._watch is not None:
+            again = [i for i, result in enumerate(results) if result.status == "interrupted"]
+            if not again or stalled >= STALLED_ALLOCATIONS:
+                break
+            relaunch += 1
+            if self._watch.is_lost:
+                await self.request_allocation()
+            rerun = await self.run_batch(
+                [todo[i] for i in again], key_prefix=f"{key_prefix}/r{relaunch}"
+            )
+            stalled = 0 if any(r.status != "interrupted" for r in rerun) else stalled + 1
+            for index, result in zip(again, rerun, strict=True):
+                results[index] = result.model_copy(update={"index": index})
+                if on_result is not None:
+                    returned = on_result(results[index])
+                    if inspect.isawaitable(returned):
+                        await returned
+        return results
 
     @property
     def executable_concurrency(self) -> int:
@@ -132,6 +274,8 @@ class AllocationExecutor:
         )
         if isinstance(spec, LocalBackend):
             self._dispatch.replace_pool = self._replace_pool
+        self._watch = self._parts.allocations
+        self._dispatch.allocations = self._watch
         self._slots = asyncio.Semaphore(self.site.max_concurrency)
         # Only local executables hold descriptors of this process.
         limit = executable_slots(self.site.max_concurrency) if local else self.site.max_concurrency
@@ -169,7 +313,7 @@ class AllocationExecutor:
         old = self._parts.pool
         pool = local_pool(self.site.backend)
         self._parts.pool = pool
-        self._parts.backend.executor = pool
+        replace_pool(self._parts.backend, pool)
         if old is not None:
             old.shutdown(wait=False, cancel_futures=True)
         return pool
@@ -207,6 +351,8 @@ class AllocationExecutor:
             for index, task in queue:
                 result = await self._run(task, f"{key_prefix}/{index}-{token}", index)
                 results[index] = result
+                if self._watch is not None:  # before on_result: it records the job's window
+                    await self._watch.saw_task_in(result.job_id)
                 if on_result is not None:
                     returned = on_result(result)
                     if inspect.isawaitable(returned):
@@ -268,6 +414,7 @@ class AllocationExecutor:
             value=outcome.value,
             runtime=max(outcome.runtime, 0.0),
             host=outcome.host,
+            job_id=outcome.job_id,
             exit_code=outcome.exit_code,
             stderr_tail=outcome.stderr_tail,
             attempts=attempt,

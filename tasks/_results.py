@@ -15,7 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-TaskStatus = Literal["done", "failed", "timeout", "cancelled"]
+#: ``interrupted``: the allocation the task ran (or waited) on ended before it finished
+#: (walltime, ``scancel``, node failure). Not a failure of the task: the campaign
+#: relaunches exactly these in its next allocation.
+TaskStatus = Literal["done", "failed", "timeout", "cancelled", "interrupted"]
 
 #: How much of a task's stderr (or of a function's exception) a result keeps.
 STDERR_TAIL_CHARS = 2048
@@ -98,17 +101,21 @@ class TaskResult(BaseModel):
 
     index: int = Field(ge=0, description="Position of the task in its batch (0 for submit).")
     key: str = Field(min_length=1, description="Unique task key: prefix/index-uuid.")
-    status: TaskStatus = Field(description="done, failed, timeout or cancelled.")
+    status: TaskStatus = Field(description="done, failed, timeout, cancelled or interrupted.")
     value: Any = Field(default=None, description="JSON value the task produced.")
     runtime: float = Field(ge=0.0, description="Seconds the last attempt took.")
     host: str = Field(description="Host name the last attempt ran on.")
+    job_id: str | None = Field(
+        default=None, description="Batch job (Slurm job id) the last attempt ran in, if any."
+    )
     exit_code: int | None = Field(
         default=None, description="Executable exit code (negative: killed by that signal)."
     )
     stderr_tail: str = Field(default="", description="Last ~2 KB of stderr or of the error.")
     attempts: int = Field(ge=1, description="1 + the retries used.")
     error_code: str | None = Field(
-        default=None, description="Stable code when not done: task_failed, deadline_exceeded, ..."
+        default=None,
+        description="Stable code when not done: task_failed, deadline_exceeded, allocation_ended.",
     )
     retries: tuple[RetryRecord, ...] = Field(default=(), description="Every retried attempt.")
 

@@ -15,15 +15,17 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -31,6 +33,10 @@ from policies import SiteInvalid
 from tasks._site_backends import (
     PLACEHOLDER,
     Backend,
+    DaskBackend,
+    JobqueueConfig,
+    LocalBackend,
+    RadicalPilotBackend,
 )
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -44,14 +50,59 @@ _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class SchedulerConfig(BaseModel):
-    """The batch allocation the campaign runs inside (Slurm/PBS); used for remaining walltime."""
+    """The batch system the campaign's allocations come from, and what they may cost.
+
+    Slurm is run for real (dask-jobqueue and RADICAL-Pilot backends submit jobs
+    with these fields); PBS and PJM fields are validated only.
+    """
 
     model_config = _STRICT
 
-    system: Literal["none", "slurm", "pbs"] = Field(default="none", description="Batch system.")
+    system: Literal["none", "slurm", "pbs", "pjm"] = Field(
+        default="none",
+        description="Batch system: none, slurm, pbs or pjm (the last two are validated only).",
+    )
     account: str | None = Field(default=None, max_length=128, description="Allocation to charge.")
-    queue: str | None = Field(default=None, max_length=128, description="Partition or queue.")
+    queue: str | None = Field(
+        default=None,
+        max_length=128,
+        validation_alias=AliasChoices("queue", "partition"),
+        description="Partition (Slurm) or queue (PBS, PJM resource group); 'partition' works too.",
+    )
+    qos: str | None = Field(default=None, max_length=128, description="Quality of service.")
     walltime: str | None = Field(default=None, description="Allocation walltime as [D-]HH:MM:SS.")
+    prologue: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Lines at the top of every job script, before the workers start "
+            "('module load ...', 'source .../activate', 'export OMP_NUM_THREADS=1')."
+        ),
+    )
+    log_directory: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Where job output goes; relative: under the campaign directory (slurm-logs).",
+    )
+    max_allocations: int | None = Field(
+        default=None, ge=1, le=100_000, description="Allocations a campaign may request in all."
+    )
+    max_node_hours: float | None = Field(
+        default=None, gt=0.0, le=1e9, description="Node-hours the allocations may use in all."
+    )
+    poll_seconds: float = Field(
+        default=10.0, ge=0.1, le=3600.0, description="How often squeue is asked about the jobs."
+    )
+
+    @field_validator("prologue")
+    @classmethod
+    def _prologue(cls, value: list[str]) -> list[str]:
+        for line in value:
+            if "\n" in line or "\r" in line:
+                raise ValueError("one shell line per entry (no newlines)")
+            if line.lstrip().startswith("#SBATCH"):
+                raise ValueError("'#SBATCH' lines go in backend.jobqueue.job_extra_directives")
+        return value
 
     @field_validator("walltime")
     @classmethod
@@ -70,14 +121,9 @@ class SchedulerConfig(BaseModel):
         days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
-    def remaining_walltime(self, *, started_at: float, now: float) -> float | None:
-        """Return seconds left in the allocation, or None when there is no walltime."""
-        total = self.walltime_seconds
-        return None if total is None else max(0.0, total - (now - started_at))
-
 
 class CostConfig(BaseModel):
-    """What a task costs, for budget policies."""
+    """What a task costs: node-hours for budget policies, seconds for walltime-aware launches."""
 
     model_config = _STRICT
 
@@ -87,6 +133,61 @@ class CostConfig(BaseModel):
     node_hours_per_verifier: float = Field(
         default=0.0, ge=0.0, le=1e6, description="Node-hours one verifier task costs."
     )
+    simulation_seconds: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=30 * 86_400.0,
+        description="Wall-clock seconds of one simulation task (default: its node-hours x 3600).",
+    )
+    verifier_seconds: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=30 * 86_400.0,
+        description="Wall-clock seconds of one verifier task (default: its node-hours x 3600).",
+    )
+
+
+NotifyEvent = Literal["suspend", "blocked", "escalated", "failed", "recovered"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("suspend", "blocked", "escalated", "failed", "recovered")
+
+
+class NotifyConfig(BaseModel):
+    """Who hears about a campaign that waits, stops, fails or recovers (``[notify]``).
+
+    A site's table is the default for its campaigns; a campaign's own replaces it.
+    """
+
+    model_config = _STRICT
+
+    webhook_url: SecretStr | None = Field(
+        default=None,
+        description="Slack/Mattermost-compatible incoming webhook (POST {'text': ...}); "
+        "a secret: write '${VAR}' in a site config.",
+    )
+    email_to: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+$", max_length=254)]] = Field(
+        default_factory=list, max_length=20, description="Addresses to mail."
+    )
+    email_from: str = Field(
+        default="unattended@localhost", max_length=254, description="Sender address."
+    )
+    smtp_host: str = Field(
+        default="127.0.0.1", min_length=1, max_length=253, description="SMTP relay host."
+    )
+    smtp_port: int = Field(default=25, ge=1, le=65535, description="SMTP relay port.")
+    events: list[NotifyEvent] = Field(
+        default_factory=lambda: list(NOTIFY_EVENTS),
+        description="Which events notify: suspend, blocked, escalated, failed, recovered.",
+    )
+    timeout_seconds: float = Field(
+        default=10.0, gt=0.0, le=120.0, description="How long one delivery may take."
+    )
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not _URL.match(value.get_secret_value()):
+            raise ValueError("expected an http(s):// URL")
+        return value
 
 
 class SiteConfig(BaseModel):
@@ -132,8 +233,22 @@ class SiteConfig(BaseModel):
     secrets: dict[str, SecretStr] = Field(
         default_factory=dict, description="Named secrets, usually '${ENV_VAR}' references."
     )
+    notify: NotifyConfig | None = Field(
+        default=None, description="Notifications for this site's campaigns (webhook, email)."
+    )
 
     _source: str | None = PrivateAttr(default=None)
+
+    @field_validator("scheduler")
+    @classmethod
+    def _one_batch_system(cls, value: SchedulerConfig, info: ValidationInfo) -> SchedulerConfig:
+        # `backend` is declared (so validated) before `scheduler`.
+        jobqueue = getattr(info.data.get("backend"), "jobqueue", None)
+        if jobqueue is not None and value.system not in ("none", jobqueue.system):
+            raise ValueError(
+                "backend.jobqueue.system and scheduler.system name different batch systems"
+            )
+        return value
 
     @field_validator("prefect_api_url", "otlp_endpoint")
     @classmethod
@@ -160,6 +275,38 @@ class SiteConfig(BaseModel):
             if not re.match(r"^[a-z][a-z0-9_]{0,63}$", name):
                 raise ValueError("secret names are lower_snake_case identifiers")
         return value
+
+    def worker_slots(self) -> int:
+        """Return how many tasks the site's workers run at once (for time estimates)."""
+        match self.backend:
+            case DaskBackend(jobqueue=JobqueueConfig() as jobqueue):
+                slots = jobqueue.jobs * jobqueue.cores
+            case DaskBackend(cluster="local") as dask:
+                slots = dask.n_workers * dask.threads_per_worker
+            case LocalBackend() as local:
+                slots = local.max_workers or os.cpu_count() or 1
+            case RadicalPilotBackend() as pilot:
+                slots = pilot.cores
+            case _:
+                slots = self.max_concurrency
+        return max(1, min(slots, self.max_concurrency))
+
+    def batch_seconds(self, simulations: int, verifiers: int = 0) -> float:
+        """Return how long ``simulations`` (and ``verifiers``) tasks take on the site's workers.
+
+        Tasks run ``worker_slots()`` at a time; one takes ``cost.simulation_seconds``
+        (or ``node_hours_per_simulation`` x 3600), a verifier likewise.
+        """
+        cost = self.cost
+        simulation = cost.simulation_seconds or cost.node_hours_per_simulation * 3600.0
+        verifier = (
+            cost.verifier_seconds
+            if cost.verifier_seconds is not None
+            else cost.node_hours_per_verifier * 3600.0
+        )
+        slots = self.worker_slots()
+        waves = -(-simulations // slots), -(-verifiers // slots)
+        return waves[0] * simulation + waves[1] * verifier
 
     @property
     def source(self) -> str | None:
@@ -212,8 +359,16 @@ def find_site_file(name_or_path: str | os.PathLike[str], search: Sequence[str]) 
     if candidate.suffix == ".toml" or os.sep in text or "/" in text:
         if candidate.is_file():
             return candidate
+        # Name what is there instead: a directory or a device is not "not found".
+        what = (
+            "is a directory, not a site config file"
+            if candidate.is_dir()
+            else "is not a regular file"
+            if candidate.exists()
+            else "site config file not found"
+        )
         raise SiteInvalid(
-            f"{text}: site config file not found",
+            f"{text}: {what}",
             details={"file": text, "field": None, "expected": "an existing TOML file"},
         )
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", text):

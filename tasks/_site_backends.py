@@ -49,13 +49,27 @@ class JobqueueConfig(BaseModel):
     memory: str = Field(
         pattern=r"^\d+(\.\d+)?\s*[KMGT]i?B$", description="Memory per job, e.g. '64GB'."
     )
-    jobs: int = Field(default=1, ge=1, le=10_000, description="Jobs (worker groups) to start.")
+    jobs: int = Field(
+        default=1, ge=1, le=10_000, description="Batch jobs of one allocation (worker groups)."
+    )
     processes: int = Field(default=1, ge=1, le=1024, description="Worker processes per job.")
     interface: str | None = Field(
-        default=None, max_length=32, description="Network interface, e.g. 'ib0'."
+        default=None,
+        max_length=32,
+        description=(
+            "Network interface compute nodes reach the scheduler on, e.g. 'ib0'; without "
+            "one the scheduler listens on the site's `listen` address only."
+        ),
     )
     job_extra_directives: list[str] = Field(
-        default_factory=list, max_length=64, description="Extra '#SBATCH'/'#PBS' lines."
+        default_factory=list,
+        max_length=64,
+        description="Extra '#SBATCH'/'#PBS' options, e.g. '--exclusive' or '--constraint=cpu'.",
+    )
+    python: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Python the workers run (default: the campaign's own interpreter).",
     )
 
 
@@ -111,13 +125,26 @@ class RadicalPilotBackend(BaseModel):
     resource: str = Field(
         min_length=1,
         max_length=128,
-        description="RADICAL-Pilot resource label, e.g. 'tacc.frontera'.",
+        description=(
+            "RADICAL-Pilot resource label, e.g. 'tacc.frontera'; 'unattended.slurm' writes "
+            "one from [scheduler] for a Slurm cluster RADICAL-Pilot does not know."
+        ),
     )
     cores: int = Field(ge=1, le=10_000_000, description="Cores of the pilot.")
     gpus: int = Field(default=0, ge=0, le=1_000_000, description="GPUs of the pilot.")
     runtime_minutes: int = Field(ge=1, le=525_600, description="Pilot walltime in minutes.")
-    queue: str | None = Field(default=None, max_length=128, description="Batch queue.")
-    project: str | None = Field(default=None, max_length=128, description="Allocation/project.")
+    queue: str | None = Field(
+        default=None, max_length=128, description="Batch queue (default: scheduler.partition)."
+    )
+    project: str | None = Field(
+        default=None, max_length=128, description="Allocation/project (default: scheduler.account)."
+    )
+    cores_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Cores of one node, for the 'unattended.slurm' resource (default: cores).",
+    )
 
 
 Backend = Annotated[LocalBackend | DaskBackend | RadicalPilotBackend, Field(discriminator="kind")]

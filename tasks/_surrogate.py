@@ -1,44 +1,61 @@
-"""A small Gaussian-process surrogate for minimisation, in numpy only.
+"""The campaign's surrogate: a Gaussian process that proposes where to look next.
 
-The model is a zero-mean GP on standardised values with an isotropic RBF kernel
-and a noise jitter, solved by Cholesky. The length scale is either fixed or
-picked from a fixed grid by the log marginal likelihood, so fitting is
-deterministic. ``propose`` minimises a lower confidence bound over a seeded
-random pool, one candidate at a time, treating each pick as observed at its
-predicted mean (the "kriging believer") so a batch spreads out.
+``GaussianProcess`` keeps the evaluated candidates and, when asked, builds a
+model from them (``tasks._gp``: Matérn 5/2 with one length scale per
+dimension, fitted by maximum a posteriori marginal likelihood) and proposes a
+batch (``tasks._acquisition``: expected improvement over a pool of global and
+local candidates, one believed pick at a time).
 
-Everything is deterministic for a seed: the same state, bounds, count and seed
-give bit-identical candidates on the same machine.
+The cost of a proposal is bounded whatever the campaign's length
+(``tasks._surrogate_model``): past ``max_points`` observations the model is
+built from the points nearest the best one plus an even spread of the rest,
+and the hyperparameters are fitted on at most 48 points, on a schedule.
+
+Everything is deterministic for a seed: the model is a function of the
+observations alone (no state beyond them), and the same state, bounds, count
+and seed give bit-identical candidates on the same machine.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import numpy.typing as npt
 
-from tasks._proposal import DISTINCT_DIGITS, Bounds
+from tasks._acquisition import Acquisition, Box, Scorer, acquire, point_key
+from tasks._blas import one_blas_thread
+from tasks._gp import Hyperparameters
+from tasks._proposal import Bounds
+from tasks._surrogate_model import SurrogateModel, fit_basis, fit_on
 
 Array = npt.NDArray[np.float64]
 Seed = int | Sequence[int]
 
 _STATE_KIND = "gaussian_process"
-_STATE_VERSION = 1
-# Multiples of the data's mean spread tried when the length scale is fitted.
-_LENGTH_GRID = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5)
+_STATE_VERSION = 2
+# Version 1 (the isotropic RBF model) stored the same observations and a subset
+# of the settings; it loads with the new defaults for the rest.
+_OLDER_VERSIONS = (1,)
 
 
 class GaussianProcess:
     """Model an objective from evaluated candidates and propose where to look next.
 
     Args:
-        length_scale: The RBF length scale in input units; ``None`` fits it.
-        noise: Jitter added to the kernel's diagonal (standardised units).
-        kappa: Weight of the standard deviation in the lower confidence bound.
-        pool_size: Random points scored per proposal.
+        length_scale: One length scale (input units) for every dimension, with
+            the noise fixed at ``noise``; ``None`` (the default) fits one
+            length scale per dimension and the noise.
+        noise: The smallest noise (a ratio to the signal variance) on the
+            kernel's diagonal; it keeps the fit stable when points repeat.
+        kappa: Weight of the standard deviation when ``acquisition="lcb"``.
+        pool_size: Candidates scored per proposal (global, local and refined).
+        acquisition: ``"ei"`` (expected improvement, the default) or ``"lcb"``
+            (the lower confidence bound ``mean - kappa * std``).
+        max_points: The most observations the model is built from; past it
+            the model is local to the best observation.
 
     Non-finite values passed to ``assimilate`` (a failed simulation) are skipped
     and counted in ``skipped``; non-finite coordinates raise ``ValueError``.
@@ -50,29 +67,40 @@ class GaussianProcess:
         length_scale: float | None = None,
         noise: float = 1e-6,
         kappa: float = 2.0,
-        pool_size: int = 2048,
+        pool_size: int = 1024,
+        acquisition: Acquisition = "ei",
+        max_points: int = 128,
     ) -> None:
         if length_scale is not None and not (math.isfinite(length_scale) and length_scale > 0):
             raise ValueError("length_scale must be a positive finite number or None")
-        if not (math.isfinite(noise) and noise > 0):
-            raise ValueError("noise must be a positive finite number")
+        if not (math.isfinite(noise) and 0 < noise < 1):
+            raise ValueError("noise must be a finite number in (0, 1)")
         if not (math.isfinite(kappa) and kappa >= 0):
             raise ValueError("kappa must be a non-negative finite number")
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
+        if acquisition not in get_args(Acquisition):
+            raise ValueError("acquisition must be 'ei' or 'lcb'")
+        if max_points < 8:
+            raise ValueError("max_points must be at least 8")
         self.length_scale = length_scale
         self.noise = float(noise)
         self.kappa = float(kappa)
         self.pool_size = int(pool_size)
+        self.acquisition: Acquisition = acquisition
+        self.max_points = int(max_points)
         self.skipped = 0
         self._points: Array = np.empty((0, 0))
         self._values: Array = np.empty(0)
-        self._cached: _Fit | None = None
+        self._cached: SurrogateModel | None = None
+        self._fitted: tuple[int, Hyperparameters] | None = None
+        self._taken: set[tuple[float, ...]] = set()
 
     def __repr__(self) -> str:
         return (
             f"GaussianProcess(observations={len(self._values)}, dim={self.dim}, "
-            f"length_scale={self.length_scale!r}, noise={self.noise!r}, kappa={self.kappa!r})"
+            f"acquisition={self.acquisition!r}, length_scale={self.length_scale!r}, "
+            f"noise={self.noise!r})"
         )
 
     @property
@@ -84,6 +112,21 @@ class GaussianProcess:
     def observations(self) -> int:
         """Return the number of assimilated (finite) observations."""
         return len(self._values)
+
+    @property
+    def fitted_length_scales(self) -> tuple[float, ...] | None:
+        """Return the length scale of each dimension in input units, or None without data."""
+        if not len(self._values):
+            return None
+        with one_blas_thread():
+            model = self._model()
+        return tuple(float(v) for v in model.hyper.lengths * model.span)
+
+    @property
+    def fitted_length_scale(self) -> float | None:
+        """Return the geometric mean of ``fitted_length_scales``, or None without data."""
+        scales = self.fitted_length_scales
+        return None if scales is None else math.exp(sum(map(math.log, scales)) / len(scales))
 
     def assimilate(self, points: Sequence[Sequence[float]], values: Sequence[float]) -> int:
         """Add evaluated candidates; return how many were skipped for a non-finite value.
@@ -115,10 +158,15 @@ class GaussianProcess:
         else:
             self._points = np.vstack([self._points, x[keep]])
             self._values = np.concatenate([self._values, y[keep]])
+        self._taken.update(point_key(point) for point in x[keep])
         return skipped
 
     def predict(self, points: Sequence[Sequence[float]] | Array) -> tuple[Array, Array]:
-        """Return the posterior mean and standard deviation at ``points``."""
+        """Return the posterior mean and standard deviation at ``points``.
+
+        Past ``max_points`` observations the model describes the neighbourhood
+        of the best observation; far from it the answer is closer to the prior.
+        """
         x = np.asarray(points, dtype=np.float64)
         if x.ndim != 2:
             raise ValueError("points must be a list of coordinate lists")
@@ -126,15 +174,13 @@ class GaussianProcess:
             return np.zeros(len(x)), np.ones(len(x))
         if x.shape[1] != self.dim:
             raise ValueError(f"points have {x.shape[1]} coordinates; the surrogate has {self.dim}")
-        fit = self._fit()
-        mean = fit.mean(x)
-        rows = fit.whitened(x)
-        std = np.sqrt(np.clip(1.0 - np.einsum("ij,ij->j", rows, rows), 1e-12, None))
-        scale, offset = self._scale()
-        return mean * scale + offset, std * scale
+        with one_blas_thread():
+            model = self._model()
+            mean, std = model.posterior.mean_and_std(model.scaled(x))
+        return mean * model.value_scale + model.value_offset, std * model.value_scale
 
     def propose(self, count: int, bounds: Bounds, seed: Seed) -> list[list[float]]:
-        """Return ``count`` distinct candidates in ``bounds`` minimising the lower confidence bound.
+        """Return ``count`` distinct candidates in ``bounds`` chosen by the acquisition.
 
         With no observations the batch is a seeded Latin hypercube. Candidates
         equal (at 10 digits) to an observation or to each other are skipped, so
@@ -148,81 +194,38 @@ class GaussianProcess:
         if self.dim is not None and bounds.dim != self.dim:
             raise ValueError(f"bounds have {bounds.dim} coordinates; the surrogate has {self.dim}")
         rng = np.random.default_rng(_entropy(seed))
-        low = np.asarray(bounds.lower)
-        high = np.asarray(bounds.upper)
+        low = np.asarray(bounds.lower, dtype=np.float64)
+        box = Box(low, np.asarray(bounds.upper, dtype=np.float64) - low)
         if not len(self._values):
-            unit = _latin_hypercube(rng, count, bounds.dim)
-            return _to_lists(low + unit * (high - low))
-        pool = low + rng.random((max(self.pool_size, count), bounds.dim)) * (high - low)
-        return self._believer_batch(pool, count)
+            return _to_lists(box.low + _latin_hypercube(rng, count, bounds.dim) * box.width)
+        score = Scorer(self.acquisition, self.kappa)
+        with one_blas_thread():
+            batch = acquire(self._model(), rng, box, count, self.pool_size, score, self._taken)
+        return _to_lists(batch)
 
-    def _believer_batch(self, pool: Array, count: int) -> list[list[float]]:
-        """Pick ``count`` distinct pool points by LCB, each believed at its mean.
+    def _model(self) -> SurrogateModel:
+        """Return the model of the current observations (built once per new data)."""
+        if self._cached is None:
+            self._cached = SurrogateModel.build(
+                self._points, self._values, self._hyperparameters(), self.noise, self.max_points
+            )
+        return self._cached
 
-        Observing a pick at its posterior mean leaves the mean unchanged
-        everywhere and only shrinks the variance, so each pick adds one row to
-        the whitened cross-covariance (a one-row Cholesky extension) instead of
-        refitting the model.
+    def _hyperparameters(self) -> Hyperparameters:
+        """Return the hyperparameters in input units, refitted on the fit schedule.
+
+        They are fitted on the first ``fit_basis(n)`` observations, so they
+        are a function of the observations alone, and kept in memory until the
+        basis moves: a proposal between two refits only rebuilds the posterior.
         """
-        fit = self._fit()
-        mean = fit.mean(pool)
-        rows = fit.whitened(pool)
-        variance = 1.0 - np.einsum("ij,ij->j", rows, rows)
-        taken: set[tuple[float, ...]] = {_key(row) for row in self._points}
-        available = np.ones(len(pool), dtype=bool)
-        chosen: list[Array] = []
-        while len(chosen) < count and available.any():
-            std = np.sqrt(np.clip(variance, 1e-12, None))
-            score = np.where(available, mean - self.kappa * std, np.inf)
-            index = int(np.argmin(score))
-            available[index] = False
-            point = pool[index]
-            key = _key(point)
-            if key in taken:
-                continue
-            taken.add(key)
-            chosen.append(point)
-            column = rows[:, index]
-            pivot = math.sqrt(max(1.0 + fit.jitter - float(column @ column), 1e-12))
-            row = (_rbf(pool, point[None, :], fit.length)[:, 0] - column @ rows) / pivot
-            rows = np.vstack([rows, row])
-            variance = variance - row * row
-        return _to_lists(np.asarray(chosen))
-
-    def _scale(self) -> tuple[float, float]:
-        """Return the standard deviation and mean used to standardise values."""
-        std = float(self._values.std())
-        return (std if std > 0 else 1.0), float(self._values.mean())
-
-    def _standardised(self) -> Array:
-        scale, offset = self._scale()
-        return (self._values - offset) / scale
-
-    def _fit(self) -> _Fit:
-        """Return the fit at the fixed length scale, or the grid's most likely one (cached)."""
-        if self._cached is not None:
-            return self._cached
-        y = self._standardised()
+        assert self.dim is not None  # callers have data
         if self.length_scale is not None:
-            self._cached = _Fit(self._points, y, self.length_scale, self.noise)
-            return self._cached
-        spread = float(np.ptp(self._points, axis=0).mean()) if len(self._values) > 1 else 0.0
-        spread = spread if spread > 0 else 1.0
-        best: _Fit | None = None
-        best_score = -np.inf
-        for factor in _LENGTH_GRID:
-            fit = _Fit(self._points, y, spread * factor, self.noise)
-            score = fit.log_marginal_likelihood()
-            if best is None or score > best_score:
-                best, best_score = fit, score
-        assert best is not None  # the grid is not empty
-        self._cached = best
-        return best
-
-    @property
-    def fitted_length_scale(self) -> float | None:
-        """Return the length scale in use, or None before any observation."""
-        return self._fit().length if len(self._values) else None
+            return Hyperparameters(np.full(self.dim, self.length_scale), 0.0)
+        basis = fit_basis(len(self._values))
+        if self._fitted is None or self._fitted[0] != basis:
+            hyper = fit_on(self._points[:basis], self._values[:basis], self.noise)
+            self._fitted = (basis, hyper)
+        return self._fitted[1]
 
     def to_state(self) -> dict[str, Any]:
         """Return the settings and observations as JSON-ready plain lists of floats."""
@@ -234,6 +237,8 @@ class GaussianProcess:
                 "noise": self.noise,
                 "kappa": self.kappa,
                 "pool_size": self.pool_size,
+                "acquisition": self.acquisition,
+                "max_points": self.max_points,
             },
             "points": self._points.tolist() if len(self._values) else [],
             "values": self._values.tolist(),
@@ -242,28 +247,48 @@ class GaussianProcess:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> GaussianProcess:
-        """Rebuild a surrogate from ``to_state()`` output.
+        """Rebuild a surrogate from ``to_state()`` output (version 2, or version 1).
+
+        A version-1 state (the earlier isotropic model) keeps its observations,
+        skip count and settings; the settings it did not have take their
+        defaults, so it proposes with the current method.
 
         Raises:
             ValueError: The state is of another kind or version, or is malformed
                 (the message names the field).
         """
-        if state.get("kind") != _STATE_KIND or state.get("version") != _STATE_VERSION:
+        version = state.get("version")
+        if state.get("kind") != _STATE_KIND or (
+            version != _STATE_VERSION and version not in _OLDER_VERSIONS
+        ):
             raise ValueError(
-                f"state.kind/version: expected {_STATE_KIND!r} version {_STATE_VERSION}"
+                f"state.kind/version: expected {_STATE_KIND!r} version {_STATE_VERSION} "
+                f"(or {', '.join(map(str, _OLDER_VERSIONS))}), "
+                f"got {state.get('kind')!r} version {version!r}"
             )
         settings = state.get("settings")
         if not isinstance(settings, dict):
             raise ValueError("state.settings: expected an object")
         try:
+            newer = (
+                {
+                    "acquisition": settings["acquisition"],
+                    "max_points": settings["max_points"],
+                }
+                if version == _STATE_VERSION
+                else {}
+            )
             model = cls(
                 length_scale=settings.get("length_scale"),
                 noise=settings["noise"],
                 kappa=settings["kappa"],
                 pool_size=settings["pool_size"],
+                **newer,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"state.settings: missing or invalid {exc.args[0]!s}") from None
+        except ValueError as exc:
+            raise ValueError(f"state.settings: {exc}") from None
         points, values = state.get("points"), state.get("values")
         if not isinstance(points, list) or not isinstance(values, list):
             raise ValueError("state.points/values: expected lists")
@@ -280,60 +305,6 @@ class GaussianProcess:
         return model
 
 
-class _Fit:
-    """The Cholesky factor of one kernel matrix and what follows from it."""
-
-    def __init__(self, x: Array, y: Array, length: float, noise: float) -> None:
-        self.x, self.y, self.length = x, y, length
-        kernel = _rbf(x, x, length)
-        jitter = noise
-        # Exact duplicates make the kernel singular up to the jitter; grow it
-        # rather than fail, since a campaign may re-run a candidate.
-        for _ in range(8):
-            try:
-                self.factor = np.asarray(
-                    np.linalg.cholesky(kernel + jitter * np.eye(len(x))), dtype=np.float64
-                )
-                break
-            except np.linalg.LinAlgError:
-                jitter *= 10.0
-        else:
-            raise np.linalg.LinAlgError("kernel matrix is not positive definite")
-        self.jitter = jitter
-        self.alpha = _solve(self.factor, y)
-
-    def mean(self, points: Array) -> Array:
-        """Return the posterior mean (standardised units) at ``points``."""
-        mean: Array = _rbf(points, self.x, self.length) @ self.alpha
-        return mean
-
-    def whitened(self, points: Array) -> Array:
-        """Return ``L^-1 K(X, points)``; the posterior variance is ``1 - sum(rows^2)``."""
-        return np.asarray(
-            np.linalg.solve(self.factor, _rbf(self.x, points, self.length)), dtype=np.float64
-        )
-
-    def log_marginal_likelihood(self) -> float:
-        return float(
-            -0.5 * self.y @ self.alpha
-            - np.log(np.diag(self.factor)).sum()
-            - 0.5 * len(self.y) * math.log(2 * math.pi)
-        )
-
-
-def _rbf(a: Array, b: Array, length: float) -> Array:
-    """Return the RBF kernel matrix between the rows of ``a`` and ``b``."""
-    squared = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
-    kernel: Array = np.exp(-0.5 * np.clip(squared, 0.0, None) / (length * length))
-    return kernel
-
-
-def _solve(factor: Array, y: Array) -> Array:
-    """Solve ``(L L^T) a = y`` for ``a`` given the lower Cholesky factor ``L``."""
-    solution: Array = np.linalg.solve(factor.T, np.linalg.solve(factor, y))
-    return solution
-
-
 def _latin_hypercube(rng: np.random.Generator, count: int, dim: int) -> Array:
     """Return ``count`` points in the unit cube, one per stratum along every axis."""
     strata = np.stack([rng.permutation(count) for _ in range(dim)], axis=1)
@@ -347,10 +318,6 @@ def _entropy(seed: Seed) -> int | list[int]:
     if any(not isinstance(v, int) or v < 0 for v in values):
         raise ValueError("seed must be a non-negative integer or a sequence of them")
     return values[0] if isinstance(seed, int) else values
-
-
-def _key(point: Array) -> tuple[float, ...]:
-    return tuple(round(float(v), DISTINCT_DIGITS) for v in point)
 
 
 def _to_lists(points: Array) -> list[list[float]]:

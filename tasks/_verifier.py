@@ -4,7 +4,13 @@
 A judge that returns a reason rejects the proposal (``Rejected``: the planner
 may try again). A verifier task that does not finish (failed, timeout,
 cancelled) is a failure (``VerifierFailed``), never a rejection: a broken
-verifier must not quietly turn proposals away.
+verifier must not quietly turn proposals away. A task whose allocation ended
+(``interrupted``) runs again in the next allocation first.
+
+Where the tasks ran is recorded with the verdict: the check returns (and
+``Rejected`` carries) ``details = {"tasks": [...], "job_ids": [...]}``, each task
+with its key, status, host, runtime and Slurm job id (the allocation it ran in);
+the campaign's provenance stores it in the attempt's verdicts.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from acceptance import Rejected
 from policies import VerifierFailed
 from tasks._executor import AllocationExecutor
-from tasks._results import TaskSpec
+from tasks._results import TaskResult, TaskSpec
 
 T = TypeVar("T")
 
@@ -34,7 +40,7 @@ def verifier(
     task_for: Callable[[T], TaskSpec | Sequence[TaskSpec]],
     judge: Judge[T],
     name: str = "verifier",
-) -> Callable[[T], Awaitable[None]]:
+) -> Callable[[T], Awaitable[dict[str, Any]]]:
     """Return an async check that verifies a value with a task on the allocation.
 
     Args:
@@ -47,10 +53,11 @@ def verifier(
         name: The check's name in verdicts and the span ``verifier <name>``.
 
     The check raises ``acceptance.Rejected`` when the judge gives a reason, and
-    ``policies.VerifierFailed`` when the verifier task did not finish.
+    ``policies.VerifierFailed`` when the verifier task did not finish. Either way
+    (and on a pass, as its return value) it says where the tasks ran: ``task_details``.
     """
 
-    async def check(value: T) -> None:
+    async def check(value: T) -> dict[str, Any]:
         with _tracer.start_as_current_span(
             f"verifier {name}",
             kind=SpanKind.INTERNAL,
@@ -59,13 +66,19 @@ def verifier(
             set_status_on_exception=False,
         ) as span:
             spec = task_for(value)
+            # Interrupted verifier tasks (the allocation ended) run again in the next one.
             if isinstance(spec, Sequence):
-                results = await executor.run_batch(spec, key_prefix=f"verifier/{name}")
+                results = await executor.run_until_done(spec, key_prefix=f"verifier/{name}")
                 judged: Any = results
             else:
-                results = [await executor.submit(spec, key=f"verifier/{name}")]
+                results = await executor.run_until_done([spec], key_prefix=f"verifier/{name}")
                 judged = results[0]
             span.set_attribute("unattended.verifier.tasks", len(results))
+            jobs = sorted({r.job_id for r in results if r.job_id})
+            details = task_details(results)
+            if jobs:
+                # Where the verifier ran: the Slurm jobs (allocations) of its tasks.
+                span.set_attribute("unattended.verifier.job_ids", jobs)
             span.set_attribute(
                 "unattended.task.runtime", max((r.runtime for r in results), default=0.0)
             )
@@ -82,6 +95,8 @@ def verifier(
                         "status": broken.status,
                         "error_code": broken.error_code,
                         "exit_code": broken.exit_code,
+                        "job_id": broken.job_id,
+                        "job_ids": jobs,
                     },
                 )
             reason: Any = judge(value, judged)
@@ -89,8 +104,28 @@ def verifier(
                 reason = await reason
             span.set_attribute("unattended.verifier.passed", reason is None)
             if reason is not None:
-                raise Rejected(str(reason), check=name)
+                raise Rejected(str(reason), check=name, details=details)
+            return details
 
     check.__name__ = name
     check.__qualname__ = name
     return check
+
+
+def task_details(results: Sequence[TaskResult]) -> dict[str, Any]:
+    """Return where each verifier task ran, for its verdict: keys, statuses, hosts, jobs."""
+    return {
+        "tasks": [
+            {
+                "index": r.index,
+                "key": r.key,
+                "status": r.status,
+                "host": r.host,
+                "job_id": r.job_id,
+                "runtime": r.runtime,
+                "attempts": r.attempts,
+            }
+            for r in results
+        ],
+        "job_ids": sorted({r.job_id for r in results if r.job_id}),
+    }

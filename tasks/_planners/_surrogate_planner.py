@@ -10,7 +10,7 @@ from tasks._surrogate import GaussianProcess
 
 
 class SurrogatePlanner:
-    """Propose the batch that minimises the surrogate's lower confidence bound.
+    """Propose the surrogate's acquisition batch (expected improvement by default).
 
     A re-ask (``previous`` not empty) draws a fresh random pool from the seed
     material ``[seed, len(previous)]``, so it does not repeat a rejected batch.
@@ -35,9 +35,14 @@ class SurrogatePlanner:
         seed = self.seed if offset == 0 else [self.seed, offset]
         candidates = self.surrogate.propose(self.count, self.bounds, seed)
         if self.surrogate.observations:
+            acquisition = (
+                f"lower confidence bound (kappa={self.surrogate.kappa:g})"
+                if self.surrogate.acquisition == "lcb"
+                else "expected improvement"
+            )
             how = (
-                f"lower confidence bound (kappa={self.surrogate.kappa:g}) over "
-                f"{self.surrogate.pool_size} random points, "
+                f"{acquisition} over {self.surrogate.pool_size} candidates "
+                f"(global and around the best points), "
                 f"{self.surrogate.observations} observations"
             )
         else:

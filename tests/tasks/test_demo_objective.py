@@ -110,7 +110,7 @@ class TestStartup:
     def test_running_the_objective_imports_no_heavy_library(self) -> None:
         # One process per evaluation: importing numpy, pydantic or httpx on the
         # way (through an eager ``tasks/__init__``) would cost more than the
-        # evaluation. New exports of ``tasks`` go in its ``_LAZY`` table.
+        # evaluation. New exports of ``tasks`` go in its ``lazy_loader.attach`` table.
         probe = (
             "import sys, runpy; sys.argv = ['objective']; "
             "import tasks.demo.objective; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -280,11 +281,12 @@ class TestSignalHandlers:
 
 
 def _installed(module: str) -> bool:
+    # find_spec, not an import: radical.utils warns (an error here) when imported
+    # after logging is configured.
     try:
-        __import__(module)
-    except ImportError:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
         return False
-    return True
 
 
 def other_site(backend: dict[str, Any]) -> SiteConfig:

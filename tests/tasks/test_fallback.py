@@ -106,6 +106,19 @@ class TestFallbackBatch:
         with pytest.raises(TypeError, match="synchronous"):
             fallback_batch(_trained(), UNIT2, 4, seed=0, checks=[later])
 
+    def test_a_campaign_checkpointed_with_a_version_one_surrogate_gets_the_same_batch(
+        self,
+    ) -> None:
+        """A campaign resumed across the surrogate upgrade still builds its fallback first."""
+        state = _trained().to_state()
+        state["version"] = 1
+        state["settings"] = {"length_scale": None, "noise": 1e-6, "kappa": 2.0, "pool_size": 1024}
+        first = fallback_batch(GaussianProcess.from_state(state), UNIT2, 8, seed=4)
+        again = fallback_batch(GaussianProcess.from_state(state), UNIT2, 8, seed=4)
+        assert first.source == "surrogate"
+        assert first == again
+        assert first == fallback_batch(_trained(), UNIT2, 8, seed=4)
+
     def test_batch_serialises_to_json_and_back(self) -> None:
         batch = fallback_batch(_trained(), UNIT2, 8, seed=4)
         assert FallbackBatch.model_validate_json(batch.model_dump_json()) == batch

@@ -25,7 +25,14 @@ class TestSurrogatePlanner:
     async def test_first_attempt_is_the_surrogate_batch_for_the_seed(self) -> None:
         proposal = await SurrogatePlanner(_trained(), UNIT2, 8, seed=3)(())
         assert proposal.candidates == _trained().propose(8, UNIT2, 3)
-        assert proposal.rationale.startswith("lower confidence bound")
+        assert proposal.rationale.startswith("expected improvement over 1024 candidates")
+
+    @pytest.mark.asyncio
+    async def test_the_rationale_names_the_lower_confidence_bound_when_chosen(self) -> None:
+        model = GaussianProcess(acquisition="lcb", kappa=1.5)
+        model.assimilate([[0.1, 0.1], [0.6, 0.4]], [2.0, 1.0])
+        proposal = await SurrogatePlanner(model, UNIT2, 4, seed=0)(())
+        assert proposal.rationale.startswith("lower confidence bound (kappa=1.5)")
 
     @pytest.mark.asyncio
     async def test_without_data_it_says_latin_hypercube(self) -> None:

@@ -48,9 +48,9 @@ _DELETE = object()
 
 
 class TestShippedSites:
-    def test_the_project_ships_the_four_example_sites(self) -> None:
+    def test_the_project_ships_the_example_sites(self) -> None:
         names = {path.stem for path in SHIPPED}
-        assert {"local", "dask-cluster", "slurm-dask", "radical-pilot"} <= names
+        assert {"local", "dask-cluster", "slurm", "slurm-local", "radical-pilot"} <= names
 
     @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
     def test_every_shipped_site_loads(self, path: Path) -> None:
@@ -71,11 +71,22 @@ class TestShippedSites:
         assert "scheduler.account" in site.placeholders()
         assert "backend.scheduler_address" in site.placeholders()
 
-    def test_slurm_dask_uses_jobqueue(self) -> None:
-        site = load_site("slurm-dask", env={})
+    def test_slurm_uses_jobqueue_and_marks_the_account_and_partition(self) -> None:
+        site = load_site("slurm", env={})
         assert isinstance(site.backend, DaskBackend)
         assert site.backend.jobqueue is not None
         assert site.backend.jobqueue.system == "slurm"
+        assert {"scheduler.account", "scheduler.queue"} <= set(site.placeholders())
+        assert site.scheduler.max_allocations is not None
+        assert site.scheduler.prologue
+
+    def test_slurm_local_runs_as_it_is(self) -> None:
+        site = load_site("slurm-local", env={})
+        assert isinstance(site.backend, DaskBackend)
+        assert site.backend.jobqueue is not None
+        assert site.placeholders() == []
+        assert site.scheduler.system == "slurm"
+        assert site.scheduler.walltime_seconds is not None
 
     def test_radical_pilot_has_resource_cores_and_runtime(self) -> None:
         site = load_site("radical-pilot", env={})
@@ -136,11 +147,21 @@ class TestLoadSite:
     def test_walltime_is_converted_to_seconds(self) -> None:
         site = SiteConfig.model_validate(merged(scheduler={"walltime": "1-02:03:04"}))
         assert site.scheduler.walltime_seconds == 93784.0
-        assert site.scheduler.remaining_walltime(started_at=0.0, now=93000.0) == 784.0
 
-    def test_a_site_without_walltime_has_no_remaining_walltime(self) -> None:
+    def test_partition_is_the_slurm_name_of_the_queue(self) -> None:
+        site = SiteConfig.model_validate(merged(scheduler={"partition": "debug"}))
+        assert site.scheduler.queue == "debug"
+
+    def test_pbs_and_pjm_scheduler_fields_are_validated(self) -> None:
+        for system in ("pbs", "pjm"):
+            site = SiteConfig.model_validate(
+                merged(scheduler={"system": system, "queue": "q", "walltime": "01:00:00"})
+            )
+            assert site.scheduler.system == system
+
+    def test_a_site_without_walltime_has_none(self) -> None:
         site = SiteConfig.model_validate(MINIMAL)
-        assert site.scheduler.remaining_walltime(started_at=0.0, now=1.0) is None
+        assert site.scheduler.walltime_seconds is None
 
 
 BAD_CASES: list[tuple[str, dict[str, Any] | str, str]] = [
@@ -208,6 +229,28 @@ BAD_CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("bad-name", merged(name="has spaces"), "name"),
     ("bad-secret-name", merged(secrets={"Bad-Name": "x"}), "secrets"),
     ("kill-grace-too-long", merged(kill_grace=1e6), "kill_grace"),
+    (
+        "prologue-line-with-newline",
+        merged(scheduler={"prologue": ["module load a\nmodule load b"]}),
+        "scheduler.prologue",
+    ),
+    (
+        "prologue-with-sbatch-line",
+        merged(scheduler={"prologue": ["#SBATCH --exclusive"]}),
+        "scheduler.prologue",
+    ),
+    ("zero-allocations", merged(scheduler={"max_allocations": 0}), "scheduler.max_allocations"),
+    ("zero-node-hour-budget", merged(scheduler={"max_node_hours": 0}), "scheduler.max_node_hours"),
+    ("poll-too-often", merged(scheduler={"poll_seconds": 0.0}), "scheduler.poll_seconds"),
+    ("unknown-scheduler-field", merged(scheduler={"nodes": 4}), "scheduler.nodes"),
+    (
+        "jobqueue-and-scheduler-disagree",
+        merged(
+            backend={"kind": "dask", "jobqueue": {"system": "pbs", "cores": 4, "memory": "8GB"}},
+            scheduler={"system": "slurm"},
+        ),
+        "scheduler",
+    ),
 ]
 
 

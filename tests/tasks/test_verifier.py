@@ -69,6 +69,16 @@ class TestVerifier:
         assert first.reason == "predicted energy 2 above the limit 1 at x=0.7"
         assert second.accepted
         assert outcome.value == 0.2
+        # Both verdicts say where the verifier's task ran (no batch job here).
+        for attempt in (first, second):
+            (verdict,) = attempt.verdicts
+            assert verdict.details is not None
+            (task,) = verdict.details["tasks"]
+            assert task["status"] == "done"
+            assert task["key"].startswith("verifier/energy/")
+            assert task["host"]
+            assert task["job_id"] is None
+            assert verdict.details["job_ids"] == []
 
     @pytest.mark.asyncio
     async def test_a_failed_verifier_task_is_a_failure_not_a_rejection(self) -> None:

@@ -1,0 +1,200 @@
+"""Where the surrogate looks next: candidate pools and the believer batch.
+
+A proposal scores a seeded pool of candidates with an acquisition function
+(expected improvement by default, or a lower confidence bound) and picks a
+batch from it greedily. The pool mixes three kinds of points, all inside the
+bounds:
+
+- uniform samples over the whole box (exploration);
+- Gaussian perturbations of the best observed points at several scales, from a
+  fifth of the box down to about a hundredth (a trust region without state);
+- after a first scoring, finer perturbations of the pool's best points, so the
+  batch can land closer to a minimum than any fixed pool spacing allows.
+
+Each pick is "believed" at its posterior mean (the kriging believer): that
+leaves the mean unchanged and only shrinks the variance, so one pick costs one
+rank-1 update of the pool's variances instead of a refit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from tasks._gp import Posterior, matern52
+from tasks._proposal import DISTINCT_DIGITS
+from tasks._surrogate_model import SurrogateModel
+
+Array = npt.NDArray[np.float64]
+Acquisition = Literal["ei", "lcb"]
+
+# Perturbation scales around the best observed points, as fractions of the box.
+_ANCHOR_SCALES = (0.2, 0.05, 0.0125)
+# Finer scales around the pool's best points after the first scoring.
+_REFINE_SCALES = (0.02, 0.004)
+# How many best observed points anchor the local pool, and pool points refined.
+_ANCHORS = 4
+_REFINED = 8
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+@dataclass(frozen=True)
+class Box:
+    """The proposal's bounds as arrays: ``low + unit * width`` maps the unit cube in."""
+
+    low: Array
+    width: Array
+
+    def clip(self, points: Array) -> Array:
+        """Return ``points`` moved inside the box."""
+        clipped: Array = np.clip(points, self.low, self.low + self.width)
+        return clipped
+
+
+def expected_improvement(mean: Array, std: Array, best: float) -> Array:
+    """Return the expected improvement below ``best`` (all in standardised units)."""
+    z = (best - mean) / std
+    cdf = 0.5 * np.asarray(_erfc(-z / math.sqrt(2.0)), dtype=np.float64)
+    pdf = np.exp(-0.5 * z * z) / _SQRT_2PI
+    improvement: Array = std * (z * cdf + pdf)
+    return improvement
+
+
+class Scorer:
+    """Score pool points for minimisation: lower is better."""
+
+    def __init__(self, acquisition: Acquisition, kappa: float) -> None:
+        self.acquisition = acquisition
+        self.kappa = kappa
+
+    def __call__(self, mean: Array, std: Array, best: float) -> Array:
+        """Return minus the expected improvement, or the lower confidence bound."""
+        if self.acquisition == "lcb":
+            bound: Array = mean - self.kappa * std
+            return bound
+        return -expected_improvement(mean, std, best)
+
+
+def acquire(
+    model: SurrogateModel,
+    rng: np.random.Generator,
+    box: Box,
+    count: int,
+    pool_size: int,
+    score: Scorer,
+    taken: set[tuple[float, ...]],
+) -> Array:
+    """Return up to ``count`` candidates (input units) from a seeded, scored pool.
+
+    A quarter of ``pool_size`` (at least ``count``) is uniform over the box,
+    half perturbs the best observations, and the rest refines the pool's best
+    points after a first scoring.
+    """
+    global_count = max(count, pool_size // 4)
+    local_count = pool_size // 2
+    refine_count = pool_size - global_count - local_count
+    anchors = box.clip(model.best_points(_ANCHORS))
+    pool = anchored_pool(rng, box, anchors, global_count, local_count)
+    posterior = model.posterior
+    scaled = model.scaled(pool)
+    cross = posterior.cross(scaled)
+    if refine_count > 0:
+        rows = posterior.whitened(cross)
+        left = np.clip(1.0 - np.einsum("ij,ij->j", rows, rows), 1e-12, None)
+        first = score(cross.T @ posterior.alpha, np.sqrt(posterior.variance * left), posterior.best)
+        centres = pool[np.argsort(first, kind="stable")[:_REFINED]]
+        extra = refined_pool(rng, box, centres, refine_count)
+        extra_scaled = model.scaled(extra)
+        pool = np.vstack([pool, extra])
+        scaled = np.vstack([scaled, extra_scaled])
+        cross = np.hstack([cross, posterior.cross(extra_scaled)])
+    return believer_batch(posterior, pool, scaled, cross, count, score, taken)
+
+
+def anchored_pool(
+    rng: np.random.Generator, box: Box, anchors: Array, global_count: int, local_count: int
+) -> Array:
+    """Return uniform points over the box then perturbations of ``anchors`` (best first)."""
+    dim = len(box.low)
+    parts = [box.low + rng.random((global_count, dim)) * box.width]
+    if len(anchors) and local_count > 0:
+        per = max(1, local_count // (len(_ANCHOR_SCALES) * len(anchors)))
+        for scale in _ANCHOR_SCALES:
+            for anchor in anchors:
+                parts.append(anchor + rng.standard_normal((per, dim)) * (scale * box.width))
+    return box.clip(np.vstack(parts))
+
+
+def refined_pool(rng: np.random.Generator, box: Box, centres: Array, count: int) -> Array:
+    """Return ``count`` (or so) fine perturbations of ``centres``, inside the box."""
+    if not len(centres) or count <= 0:
+        return np.empty((0, len(box.low)))
+    dim = len(box.low)
+    per = max(1, count // (len(_REFINE_SCALES) * len(centres)))
+    parts = [
+        centre + rng.standard_normal((per, dim)) * (scale * box.width)
+        for scale in _REFINE_SCALES
+        for centre in centres
+    ]
+    return box.clip(np.vstack(parts))
+
+
+def believer_batch(
+    posterior: Posterior,
+    pool: Array,
+    scaled_pool: Array,
+    cross: Array,
+    count: int,
+    score: Scorer,
+    taken: set[tuple[float, ...]],
+) -> Array:
+    """Pick up to ``count`` distinct pool points greedily, each believed at its mean.
+
+    Args:
+        posterior: The model; ``scaled_pool`` is ``pool`` in its input units.
+        pool: Candidates in the bounds' units (returned rows come from here).
+        scaled_pool: The same candidates as the model sees them.
+        cross: ``posterior.cross(scaled_pool)``, computed once by the caller.
+        count: How many to pick.
+        score: Lower is better; called with the mean, the standard deviation
+            and the best value so far (standardised units).
+        taken: Keys (10 digits) already observed; picks equal to one are skipped.
+    """
+    mean = cross.T @ posterior.alpha
+    rows = posterior.whitened(cross)
+    left = 1.0 - np.einsum("ij,ij->j", rows, rows)
+    best = posterior.best
+    believed = np.empty((count, len(pool)))
+    available = np.ones(len(pool), dtype=bool)
+    chosen: list[int] = []
+    taken = set(taken)
+    while len(chosen) < count and available.any():
+        std = np.sqrt(posterior.variance * np.clip(left, 1e-12, None))
+        index = int(np.argmin(np.where(available, score(mean, std, best), np.inf)))
+        available[index] = False
+        key = point_key(pool[index])
+        if key in taken:
+            continue
+        taken.add(key)
+        # One more row of the whitened cross-covariance: the believed pick's.
+        done = len(chosen)
+        column = np.concatenate([rows[:, index], believed[:done, index]])
+        pivot = math.sqrt(max(posterior.diagonal - float(column @ column), 1e-12))
+        link = matern52(scaled_pool, scaled_pool[index : index + 1], posterior.lengths)[:, 0]
+        row = (link - rows[:, index] @ rows - believed[:done, index] @ believed[:done]) / pivot
+        believed[done] = row
+        left = left - row * row
+        best = min(best, float(mean[index]))
+        chosen.append(index)
+    picked: Array = pool[chosen]
+    return picked
+
+
+def point_key(point: Array) -> tuple[float, ...]:
+    """Return the candidate rounded to the digits the ``distinct`` check compares."""
+    return tuple(round(float(v), DISTINCT_DIGITS) for v in point)

@@ -1,0 +1,298 @@
+"""The allocations an executor holds: requested, started, ended, and why; watched while it runs.
+
+An *allocation* here is one batch job that carries the site's workers (a
+dask-jobqueue worker job, a RADICAL-Pilot pilot). ``AllocationWatch`` keeps one
+``AllocationRecord`` per job, polls ``squeue`` every ``poll_seconds`` in the
+background, and resolves ``lost`` once every job of the current request has ended,
+so tasks still waiting for a worker come back ``interrupted`` instead of waiting
+forever. The campaign then asks for the next allocation (``AllocationWatch.request``
+through the executor), within the site's budget of allocations and node-hours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from policies import BudgetExceeded
+from tasks._slurm import AllocationState, EndReason, describe_queue, query_jobs
+
+logger = logging.getLogger("unattended.tasks.allocations")
+
+#: How an allocation ended; ``released`` means the campaign let it go itself.
+AllocationEnd = EndReason | Literal["released"]
+Submit = Callable[[], Awaitable[Sequence[str]]]
+OnChange = Callable[[list["AllocationRecord"]], None]
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    """One batch job that carried workers: when it was asked for, ran, ended, and why.
+
+    ``ends_at`` is the scheduler's planned end (start + walltime) while the job
+    runs; ``ended_at`` is when it really ended. ``request`` counts the requests of
+    this executor (1 for the first allocation), so jobs of one request share it.
+    """
+
+    job_id: str
+    request: int
+    requested_at: float
+    state: str = "PENDING"
+    reason: str | None = None
+    nodes: tuple[str, ...] = ()
+    node_count: int = 0
+    started_at: float | None = None
+    ends_at: float | None = None
+    ended_at: float | None = None
+    end_reason: AllocationEnd | None = None
+
+    @property
+    def ended(self) -> bool:
+        """True once the job has ended (or was released)."""
+        return self.end_reason is not None
+
+    def node_hours(self, now: float | None = None) -> float:
+        """Return node-hours used so far (nodes x hours between start and end or now)."""
+        if self.started_at is None:
+            return 0.0
+        stop = self.ended_at if self.ended_at is not None else (now or time.time())
+        return max(0.0, stop - self.started_at) * max(self.node_count, 1) / 3600.0
+
+    def describe(self) -> str:
+        """Return ``job 12 PENDING (Resources)``, the words a person reads in a queue."""
+        why = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        return f"job {self.job_id} {self.state}{why}"
+
+
+class AllocationWatch:
+    """Watch the batch jobs of one executor and say when none is left to run tasks.
+
+    Args:
+        submit: Starts the jobs of one allocation and returns their job ids.
+        env: Environment of the Slurm clients (``SLURM_CONF``).
+        poll_seconds: How often ``squeue`` is asked while the executor runs.
+        max_allocations: Requests allowed (the first included); None means no limit.
+        max_node_hours: Node-hours the jobs may use in all; None means no limit.
+
+    ``on_change`` (settable) is called with every record after a request and after
+    any poll that changed one: the campaign writes them to its provenance.
+    """
+
+    def __init__(
+        self,
+        submit: Submit,
+        *,
+        env: Mapping[str, str],
+        poll_seconds: float,
+        max_allocations: int | None = None,
+        max_node_hours: float | None = None,
+    ) -> None:
+        self._submit = submit
+        self._env = dict(env)
+        self.poll_seconds = poll_seconds
+        self.max_allocations = max_allocations
+        self.max_node_hours = max_node_hours
+        self._records: dict[str, AllocationRecord] = {}
+        self._current: list[str] = []
+        self._requests = 0
+        self._lost: asyncio.Future[AllocationRecord] | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._catching_up: asyncio.Future[None] | None = None
+        self.on_change: OnChange | None = None
+
+    # ---- what callers read -------------------------------------------------------
+    @property
+    def records(self) -> list[AllocationRecord]:
+        """Return every job's record, oldest request first."""
+        return list(self._records.values())
+
+    @property
+    def current(self) -> list[AllocationRecord]:
+        """Return the records of the latest request."""
+        return [self._records[job_id] for job_id in self._current]
+
+    @property
+    def requests(self) -> int:
+        """Return how many allocations were requested so far."""
+        return self._requests
+
+    @property
+    def lost(self) -> asyncio.Future[AllocationRecord]:
+        """Return a future resolved (with the last job to end) when the current jobs all ended."""
+        if self._lost is None:
+            self._lost = asyncio.get_running_loop().create_future()
+        return self._lost
+
+    @property
+    def is_lost(self) -> bool:
+        """True when every job of the current request has ended."""
+        return self._lost is not None and self._lost.done()
+
+    def queue_line(self) -> str:
+        """Return ``waiting in queue: job 12 PENDING (Resources)``, or '' when nothing waits."""
+        states = [
+            AllocationState(job_id=r.job_id, state=r.state, reason=r.reason) for r in self.current
+        ]
+        return describe_queue(states)
+
+    def seconds_left(self, now: float | None = None) -> float | None:
+        """Return seconds until the current jobs' planned end; None when none runs yet."""
+        end = self.ends_at()
+        return None if end is None else max(0.0, end - (time.time() if now is None else now))
+
+    def ends_at(self) -> float | None:
+        """Return the earliest planned end of the current running jobs, if known."""
+        ends = [r.ends_at for r in self.current if r.started_at is not None and not r.ended]
+        known = [end for end in ends if end is not None]
+        return min(known) if known else None
+
+    def node_hours(self) -> float:
+        """Return node-hours used by every job so far."""
+        now = time.time()
+        return sum(record.node_hours(now) for record in self._records.values())
+
+    # ---- what the executor does ---------------------------------------------------
+    async def request(self) -> list[AllocationRecord]:
+        """Start the next allocation's jobs, within the budget; return their records.
+
+        Raises:
+            BudgetExceeded: ``max_allocations`` requests were made already, or the
+                jobs used ``max_node_hours``.
+        """
+        async with self._lock:
+            if self.max_allocations is not None and self._requests >= self.max_allocations:
+                raise BudgetExceeded(
+                    f"allocation budget used: {self._requests} of "
+                    f"scheduler.max_allocations={self.max_allocations} requested",
+                    details={"field": "scheduler.max_allocations", "used": self._requests},
+                )
+            used = self.node_hours()
+            if self.max_node_hours is not None and used >= self.max_node_hours:
+                raise BudgetExceeded(
+                    f"allocation budget used: {used:.3g} of "
+                    f"scheduler.max_node_hours={self.max_node_hours:g} node-hours",
+                    details={"field": "scheduler.max_node_hours", "used": used},
+                )
+            self._requests += 1
+            # Jobs of the last request still queued or running are let go (the
+            # submitter cancels them): the campaign asked for a fresh allocation.
+            self._release(self._current)
+            requested_at = time.time()
+            job_ids = [str(job_id) for job_id in await self._submit()]
+            for job_id in job_ids:
+                self._records[job_id] = AllocationRecord(
+                    job_id=job_id, request=self._requests, requested_at=requested_at
+                )
+            self._current = job_ids
+            if self._lost is not None and self._lost.done():
+                self._lost = None
+            logger.info("requested allocation %d: jobs %s", self._requests, ", ".join(job_ids))
+        await self.refresh(changed=True)
+        return self.current
+
+    async def refresh(self, *, changed: bool = False) -> None:
+        """Ask ``squeue`` about every job not yet ended; resolve ``lost`` when all ended."""
+        open_ids = [job_id for job_id, r in self._records.items() if not r.ended]
+        before = dict(self._records)
+        if open_ids:
+            try:
+                states = await asyncio.to_thread(query_jobs, open_ids, env=self._env)
+            except (OSError, ValueError) as exc:
+                logger.warning("squeue failed (%s); allocation states not refreshed", exc)
+                return
+            now = time.time()
+            for job_id in open_ids:
+                self._update(job_id, states.get(job_id), now)
+        current = self.current
+        if current and all(r.ended for r in current):
+            future = self.lost
+            if not future.done():
+                last = max(current, key=lambda r: r.ended_at or 0.0)
+                future.set_result(last)
+        if changed or self._records != before:
+            self._notify()
+
+    async def saw_task_in(self, job_id: str | None) -> None:
+        """A task ran in ``job_id``: if that job has not been seen start, ask ``squeue`` now.
+
+        A job can start and run short tasks between two polls; until the next one it
+        would still read PENDING (the queue line) and have no start time (the window
+        its results are recorded with). One query serves every result arriving meanwhile.
+        """
+        record = self._records.get(str(job_id)) if job_id else None
+        if record is None or record.started_at is not None or record.ended:
+            return
+        if self._catching_up is None or self._catching_up.done():
+            self._catching_up = asyncio.ensure_future(self.refresh())
+        await asyncio.shield(self._catching_up)
+
+    def _update(self, job_id: str, state: AllocationState | None, now: float) -> None:
+        record = self._records[job_id]
+        if state is None:
+            # The controller forgot the job (MinJobAge passed, or it restarted).
+            self._records[job_id] = replace(
+                record, state="UNKNOWN", ended_at=record.ended_at or now, end_reason="unknown"
+            )
+            return
+        changes: dict[str, object] = {"state": state.state, "reason": state.reason}
+        if state.nodes:
+            changes["nodes"] = state.nodes
+        if state.node_count:
+            changes["node_count"] = state.node_count
+        if state.started_at is not None:
+            changes["started_at"] = state.started_at
+        if state.ended:
+            changes["ended_at"] = state.ends_at or now
+            changes["end_reason"] = state.end_reason
+        elif state.ends_at is not None:
+            changes["ends_at"] = state.ends_at
+        self._records[job_id] = replace(record, **changes)  # type: ignore[arg-type]  # keys are record fields
+
+    def mark_released(self) -> None:
+        """Record the jobs still open as released by the campaign (it is closing them)."""
+        self._release(list(self._records))
+        self._notify()
+
+    def _notify(self) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(self.records)
+        except Exception:  # recording them must not stop the tasks
+            logger.exception("recording the allocations failed")
+
+    def _release(self, job_ids: Sequence[str]) -> None:
+        now = time.time()
+        for job_id in job_ids:
+            record = self._records[job_id]
+            if not record.ended:
+                self._records[job_id] = replace(
+                    record, state="RELEASED", ended_at=now, end_reason="released"
+                )
+
+    def start(self) -> None:
+        """Poll in the background until ``stop``."""
+        if self._poller is None:
+            self._poller = asyncio.ensure_future(self._poll())
+
+    async def stop(self) -> None:
+        """Stop polling."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_seconds)
+            try:
+                await self.refresh()
+            except Exception:  # a failed poll must not end the watch
+                logger.exception("allocation poll failed")

@@ -1,0 +1,160 @@
+"""Dask workers as batch jobs through dask-jobqueue: the one module that knows its ways.
+
+Written against dask-jobqueue 0.8-0.9 and distributed 2024-2026 (it sets
+SpecCluster's private worker counter ``_i``); ``import_jobqueue`` warns about other
+dask-jobqueue versions. What this module designs around (measured with a
+private Slurm 22.05, see ``ARCHITECTURE.md``):
+
+* Importing dask-jobqueue copies its ``jobqueue.yaml`` into ``~/.config/dask``
+  (``dask.config.ensure_file``). The import here points that copy at a temporary
+  folder, removed at once: nothing is written into the user's home.
+* Without ``log_directory`` every job writes ``slurm-%j.out`` into the current
+  directory. Logs go to the site's log folder (under the campaign directory), and
+  each job starts there (``--chdir``).
+* A worker job that ends (walltime, ``scancel``, node failure) is not replaced:
+  Dask quietly reschedules its tasks and they wait for a worker that never comes.
+  ``AllocationWatch`` (``tasks._allocations``) notices the job ended; the next
+  allocation is ``WorkerJobs.submit``: ``scale(jobs=0)`` then ``scale(jobs=n)``.
+* Jobs are submitted with ``--no-requeue``: after a node failure the campaign
+  relaunches the interrupted tasks itself; a requeued job would keep its id and
+  hide that it ended.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tasks._site import SiteConfig
+from tasks._site_backends import DaskBackend
+
+TESTED_JOBQUEUE = ("0.8", "0.9")
+_CLUSTER_CLASSES = {
+    "slurm": "SLURMCluster",
+    "pbs": "PBSCluster",
+    "sge": "SGECluster",
+    "lsf": "LSFCluster",
+}
+
+
+def import_jobqueue() -> Any:
+    """Import dask_jobqueue without letting it write ``~/.config/dask/jobqueue.yaml``."""
+    loaded = sys.modules.get("dask_jobqueue")
+    if loaded is not None:
+        return loaded
+    import dask.config
+
+    saved = dask.config.PATH
+    with tempfile.TemporaryDirectory(prefix="unattended-dask-config-") as scratch:
+        # ensure_file() reads this module global at call time; DASK_CONFIG would
+        # only count if set before dask itself was first imported.
+        dask.config.PATH = scratch
+        try:
+            module = importlib.import_module("dask_jobqueue")
+        finally:
+            dask.config.PATH = saved
+    version = getattr(module, "__version__", "?")
+    if not str(version).startswith(TESTED_JOBQUEUE):
+        warnings.warn(
+            f"dask-jobqueue {version} is untested here (written against "
+            f"{', '.join(TESTED_JOBQUEUE)}); worker jobs may not be tracked correctly",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return module
+
+
+def log_directory(site: SiteConfig, work_dir: str | os.PathLike[str]) -> Path:
+    """Return where job scripts' output goes: the site's folder, relative to ``work_dir``."""
+    configured = site.scheduler.log_directory
+    folder = Path(configured) if configured else Path("slurm-logs")
+    if not folder.is_absolute():
+        folder = Path(work_dir) / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
+
+
+def cluster_options(site: SiteConfig, spec: DaskBackend, logs: Path) -> dict[str, Any]:
+    """Return every option of the jobqueue cluster, explicitly (no user config is read)."""
+    assert spec.jobqueue is not None
+    jobqueue = spec.jobqueue
+    scheduler = site.scheduler
+    directives = list(jobqueue.job_extra_directives)
+    if jobqueue.system == "slurm":
+        directives += ["--no-requeue", f"--chdir={logs}"]
+        if scheduler.qos:
+            directives.append(f"--qos={scheduler.qos}")
+    listen = site.listen
+    dashboard = f"[{listen}]:0" if ":" in listen else f"{listen}:0"
+    scheduler_options: dict[str, Any] = {"dashboard_address": dashboard}
+    if jobqueue.interface is None:
+        # Without an interface the scheduler would listen on every address.
+        scheduler_options["host"] = listen
+    options: dict[str, Any] = {
+        "cores": jobqueue.cores,
+        "memory": jobqueue.memory,
+        "processes": jobqueue.processes,
+        "job_name": f"unattended-{site.name}",
+        "job_extra_directives": directives,
+        "job_script_prologue": list(scheduler.prologue),
+        "log_directory": str(logs),
+        "python": jobqueue.python or sys.executable,
+        "scheduler_options": scheduler_options,
+        "asynchronous": True,
+    }
+    if jobqueue.interface:
+        options["interface"] = jobqueue.interface
+    if scheduler.account:
+        options["account"] = scheduler.account
+    if scheduler.queue:
+        options["queue"] = scheduler.queue
+    if scheduler.walltime:
+        options["walltime"] = scheduler.walltime
+    return options
+
+
+async def start_jobqueue_cluster(site: SiteConfig, spec: DaskBackend, logs: Path) -> Any:
+    """Start the jobqueue cluster's scheduler (no jobs yet: ``submit_jobs`` starts them)."""
+    assert spec.jobqueue is not None
+    module = import_jobqueue()
+    cluster_class = getattr(module, _CLUSTER_CLASSES[spec.jobqueue.system])
+    return await cluster_class(**cluster_options(site, spec, logs))
+
+
+class WorkerJobs:
+    """Start the jobs of one allocation after another on one jobqueue cluster.
+
+    ``submit`` is ``scale(jobs=0)``, awaited (the old jobs are forgotten, any still
+    queued or running cancelled), then ``scale(jobs=n)``, awaited (each new job
+    submitted). SpecCluster names workers from a counter it advances only on a
+    clash with the *current* spec, so after ``scale(0)`` it would reuse
+    ``SLURMCluster-0``; its lost-worker timer (15 s after the old worker left) then
+    found a worker of that name not yet connected and cancelled the NEW job. The
+    counter is moved past every name ever used instead.
+    """
+
+    def __init__(self, cluster: Any, jobs: int) -> None:
+        self.cluster = cluster
+        self.jobs = jobs
+        self._used = 0
+
+    async def submit(self) -> list[str]:
+        """Replace the cluster's jobs by ``jobs`` new ones; return their batch job ids."""
+        cluster = self.cluster
+        cluster.scale(jobs=0)
+        await cluster
+        cluster._i = max(int(getattr(cluster, "_i", 0)), self._used)  # see the class docstring
+        cluster.scale(jobs=self.jobs)
+        await cluster
+        names = list(cluster.worker_spec)
+        self._used = int(getattr(cluster, "_i", 0)) + len(names)
+        ids = [getattr(cluster.workers.get(name), "job_id", None) for name in names]
+        missing = [name for name, job_id in zip(names, ids, strict=True) if not job_id]
+        if missing:
+            raise RuntimeError(f"jobqueue submitted no job for workers {', '.join(missing)}")
+        return [str(job_id) for job_id in ids]

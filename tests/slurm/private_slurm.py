@@ -1,0 +1,467 @@
+"""A private single-node Slurm under one folder, started and stopped without systemd.
+
+Used by ``tests/slurm/conftest.py`` (one cluster per test session) and by
+``benchmarks/slurm.py``. Everything lives under ``root``: the munge key and socket,
+``slurm.conf``, state, spool, pid and log files, the job-completion log. The daemons
+listen on 127.0.0.1 only, on ports that were free when the cluster started, so a
+developer's own Slurm (default ports 6817/6818) is not disturbed.
+
+What the configuration is built on is measured in ``ARCHITECTURE.md`` ("A real Slurm
+on this machine"). Slurm 22.05 does not export ``SLURM_JOB_END_TIME`` (23.02 does):
+a ``TaskProlog`` exports it, and ``SLURM_JOB_START_TIME``, from ``squeue``.
+
+Usage::
+
+    failure = ensure_slurm_installed()      # None, or why it cannot be
+    cluster = start_cluster(tmp_dir)        # raises SlurmStartFailed
+    cluster.run(["sbatch", "--wrap", "true"])
+    cluster.stop()                          # scancel everything, kill daemons by pid file
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The Debian packages, and the programs the cluster needs from them.
+PACKAGES = ("slurm-wlm", "munge")
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
+_APT_TIMEOUT = 600.0
+_START_TIMEOUT = 60.0
+
+
+class SlurmStartFailed(RuntimeError):  # noqa: N818  # names what happened, like the taxonomy
+    """The private cluster did not come up; the message names the step and the log."""
+
+
+def missing_programs() -> list[str]:
+    """Return the Slurm and munge programs not found on PATH (or in /usr/sbin)."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"])
+    return [name for name in DAEMONS + CLIENTS if shutil.which(name, path=path) is None]
+
+
+def _apt_install() -> str | None:
+    """Install slurm-wlm and munge with apt-get; return why it failed, or None."""
+    prefix: list[str] = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            return "not root and no sudo"
+        prefix = ["sudo", "-n"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *PACKAGES]):
+        try:
+            done = subprocess.run(
+                prefix + argv, env=env, capture_output=True, timeout=_APT_TIMEOUT, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{' '.join(argv)}: {type(exc).__name__}"
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
+            return f"{' '.join(argv)} exited {done.returncode}: {' '.join(tail)}"
+    return None
+
+
+def ensure_slurm_installed() -> str | None:
+    """Return None when Slurm and munge can run here, else the reason they cannot.
+
+    Installs the Debian packages with apt-get when programs are missing. The
+    daemons run jobs as their submitting user, so a private cluster needs root.
+    """
+    if os.geteuid() != 0:
+        return "a private slurmd must run as root (it starts jobs as their user)"
+    if missing_programs():
+        failure = _apt_install()
+        if failure is not None:
+            return failure
+        still = missing_programs()
+        if still:
+            return f"installed {' '.join(PACKAGES)} but {', '.join(still)} is still missing"
+    return None
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _memory_mb() -> int:
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 1024
+
+
+_TASK_PROLOG = """#!/bin/sh
+# Slurm 22.05 does not export SLURM_JOB_END_TIME / SLURM_JOB_START_TIME (23.02 does).
+# A TaskProlog's "export NAME=value" lines reach every task of the job.
+set -- $(SLURM_CONF={conf} {squeue} -h -j "$SLURM_JOB_ID" -o '%S %e' 2>/dev/null)
+for pair in "SLURM_JOB_START_TIME $1" "SLURM_JOB_END_TIME $2"; do
+    name=${{pair%% *}}; when=${{pair#* }}
+    case "$when" in ""|N/A|Unknown|None) continue;; esac
+    epoch=$(date -d "$when" +%s 2>/dev/null) && echo "export $name=$epoch"
+done
+exit 0
+"""
+
+
+def slurm_conf(
+    root: Path,
+    *,
+    host: str,
+    ctld_port: int,
+    slurmd_port: int,
+    cpus: int,
+    memory_mb: int,
+    munge_socket: Path,
+    task_prolog: Path,
+) -> str:
+    """Return the slurm.conf of a single-node cluster living under ``root``."""
+    overrides = ["SlurmdParameters=config_overrides"] if cpus != (os.cpu_count() or 1) else []
+    lines = [
+        "# A private single-node cluster for tests (tests/slurm/private_slurm.py).",
+        "ClusterName=unattended",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={ctld_port}",
+        f"SlurmdPort={slurmd_port}",
+        # Listen on 127.0.0.1, not 0.0.0.0 (checked with `ss -ltnp`).
+        "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={munge_socket}",
+        f"StateSaveLocation={root / 'state'}",
+        f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}",
+        f"SlurmdPidFile={root / 'run' / 'slurmd.pid'}",
+        f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
+        f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        # sbatch -> running in 0.7-1 s instead of ~3 s.
+        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+        # A job log without accounting: how each job ended (TIMEOUT, CANCELLED, ...).
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={root / 'log' / 'jobcomp.txt'}",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "ReturnToService=2",
+        "OverTimeLimit=0",
+        "KillWait=5",
+        "MinJobAge=600",
+        "InactiveLimit=0",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=30",
+        f"TaskProlog={task_prolog}",
+        *overrides,
+        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
+        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class SlurmCluster:
+    """A running private cluster: its folder, config, host and client environment."""
+
+    root: Path
+    conf: Path
+    host: str
+    cpus: int
+    ctld_port: int
+    slurmd_port: int
+    env: dict[str, str] = field(default_factory=dict)
+    _stopped: bool = False
+
+    @property
+    def jobcomp(self) -> Path:
+        """Return the job-completion log (one line per finished job)."""
+        return self.root / "log" / "jobcomp.txt"
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float = 30.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command against this cluster."""
+        done = subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and done.returncode != 0:
+            raise SlurmStartFailed(
+                f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-400:]}"
+            )
+        return done
+
+    def job_ids(self) -> list[str]:
+        """Return the ids of every job the controller still lists as pending or running."""
+        done = self.run(["squeue", "-h", "-o", "%i"], check=False)
+        return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+    def node_state(self) -> str:
+        """Return the node's state as sinfo prints it (idle, mixed, alloc, down, ...)."""
+        done = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
+        return done.stdout.strip().lower()
+
+    def cancel_all(self, *, wait: float = 20.0) -> None:
+        """Cancel every job and wait (bounded) until none is pending or running."""
+        ids = self.job_ids()
+        if ids:
+            self.run(["scancel", *ids], check=False)
+        deadline = time.monotonic() + wait
+        while self.job_ids() and time.monotonic() < deadline:
+            time.sleep(0.3)
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Wait until no job is listed and the node is idle."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.job_ids() and self.node_state() == "idle":
+                return
+            time.sleep(0.3)
+        raise SlurmStartFailed(f"node not idle after {timeout:.0f} s: {self.node_state()!r}")
+
+    def stop(self) -> None:
+        """Cancel every job, then stop slurmd, slurmctld and munged by their pid files."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self.cancel_all()
+        finally:
+            for name in ("slurmd", "slurmctld", "munged"):
+                _kill_by_pid_file(self.root / "run" / f"{name}.pid")
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _kill_by_pid_file(path: Path, grace: float = 10.0) -> None:
+    """SIGTERM the process a pid file names, then SIGKILL it after ``grace`` seconds."""
+    pid = _read_pid(path)
+    if pid is None or not _alive(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+
+
+def _daemon(argv: list[str], log: Path) -> None:
+    """Start a daemon that forks into the background; fail naming its log."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30.0, check=False)
+    if done.returncode != 0:
+        raise SlurmStartFailed(
+            f"{Path(argv[0]).name} exited {done.returncode}: "
+            f"{(done.stderr or done.stdout).strip()[-400:]} (log: {log})"
+        )
+
+
+def _wait_for(path: Path, what: str, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = _read_pid(path) if path.suffix == ".pid" else None
+        if (path.suffix == ".pid" and pid is not None and _alive(pid)) or (
+            path.suffix != ".pid" and path.exists()
+        ):
+            return
+        time.sleep(0.05)
+    raise SlurmStartFailed(f"{what} did not start within {timeout:.0f} s (log: {log})")
+
+
+def _program(name: str) -> str:
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"])
+    found = shutil.which(name, path=path)
+    if found is None:
+        raise SlurmStartFailed(f"{name} not found; install {' '.join(PACKAGES)}")
+    return found
+
+
+def client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return ``base`` (the process environment) for clients of the cluster at ``conf``.
+
+    ``SLURM_*`` variables of an enclosing job are dropped, so a test run inside
+    someone's allocation does not mistake that job for its own.
+    """
+    source = os.environ if base is None else base
+    env = {key: value for key, value in source.items() if not key.startswith("SLURM_")}
+    env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def start_cluster(
+    root: Path, *, cpus: int | None = None, timeout: float = _START_TIMEOUT
+) -> SlurmCluster:
+    """Start munged, slurmctld and slurmd under ``root``; run a probe job; return the cluster.
+
+    Args:
+        root: An empty folder that holds everything of the cluster.
+        cpus: CPUs the node offers (default: this machine's). More than the
+            machine has is allowed (``SlurmdParameters=config_overrides``).
+        timeout: Seconds each step may take.
+
+    Raises:
+        SlurmStartFailed: A daemon or the probe job failed; the message names the log.
+    """
+    root = root.resolve()
+    for sub in ("munge", "state", "spool", "run", "log"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(root / "munge", 0o700)
+    host = socket.gethostname().split(".")[0]
+    cpus = cpus or os.cpu_count() or 1
+    munge_socket = root / "munge" / "munge.socket.2"
+    key = root / "munge" / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    os.chmod(key, 0o400)
+    prolog = root / "task_prolog.sh"
+    conf = root / "slurm.conf"
+    prolog.write_text(_TASK_PROLOG.format(conf=conf, squeue=_program("squeue")), encoding="ascii")
+    os.chmod(prolog, 0o755)
+    ctld_port, slurmd_port = free_port(), free_port()
+    while slurmd_port == ctld_port:
+        slurmd_port = free_port()
+    conf.write_text(
+        slurm_conf(
+            root,
+            host=host,
+            ctld_port=ctld_port,
+            slurmd_port=slurmd_port,
+            cpus=cpus,
+            memory_mb=max(256, int(_memory_mb() * 0.8)),
+            munge_socket=munge_socket,
+            task_prolog=prolog,
+        ),
+        encoding="ascii",
+    )
+    cluster = SlurmCluster(
+        root=root,
+        conf=conf,
+        host=host,
+        cpus=cpus,
+        ctld_port=ctld_port,
+        slurmd_port=slurmd_port,
+        env=client_env(conf),
+    )
+    log = root / "log"
+    try:
+        _daemon(
+            [
+                _program("munged"),
+                "--force",
+                f"--key-file={key}",
+                f"--socket={munge_socket}",
+                f"--pid-file={root / 'run' / 'munged.pid'}",
+                f"--log-file={log / 'munged.log'}",
+                f"--seed-file={root / 'munge' / 'munged.seed'}",
+            ],
+            log / "munged.log",
+        )
+        _wait_for(munge_socket, "munged", timeout, log / "munged.log")
+        _daemon([_program("slurmctld"), "-f", str(conf), "-i"], log / "slurmctld.log")
+        _wait_for(root / "run" / "slurmctld.pid", "slurmctld", timeout, log / "slurmctld.log")
+        _daemon([_program("slurmd"), "-f", str(conf), "-N", host], log / "slurmd.log")
+        _wait_for(root / "run" / "slurmd.pid", "slurmd", timeout, log / "slurmd.log")
+        cluster.wait_idle(timeout)
+        # The first job after a fresh start takes ~3.5 s; later ones ~1 s.
+        cluster.run(["srun", "-N1", "-n1", "-t", "1", "true"], timeout=timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def slurm_local_site(**changes: Any) -> Any:
+    """Return ``site-configs/slurm-local.toml`` with dotted changes (``scheduler__walltime``)."""
+    from tasks import SiteConfig, load_site
+
+    data = load_site("slurm-local", env={}).model_dump(mode="json")
+    for dotted, value in changes.items():
+        target = data
+        parts = dotted.split("__")
+        for part in parts[:-1]:
+            target = target[part]
+        target[parts[-1]] = value
+    if "retry_backoff" not in changes:
+        data["retry_backoff"] = 0.0  # tests need no backoff between retries
+    return SiteConfig.model_validate(data)
+
+
+def load_cluster(root: Path) -> SlurmCluster:
+    """Return the cluster a previous ``start_cluster(root)`` left running (for ``stop``)."""
+    root = root.resolve()
+    conf = root / "slurm.conf"
+    values: dict[str, str] = {}
+    for line in conf.read_text(encoding="ascii").splitlines():
+        if "=" in line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            values.setdefault(name, value)
+    return SlurmCluster(
+        root=root,
+        conf=conf,
+        host=values["SlurmctldHost"].split("(")[0],
+        cpus=int(values["NodeName"].split("CPUs=")[1].split()[0]),
+        ctld_port=int(values["SlurmctldPort"]),
+        slurmd_port=int(values["SlurmdPort"]),
+        env=client_env(conf),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python tests/slurm/private_slurm.py start|stop DIR``: a private cluster by hand."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("action", choices=("start", "stop"))
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--cpus", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.action == "start":
+        failure = ensure_slurm_installed()
+        if failure is not None:
+            print(f"cannot start Slurm here: {failure}")
+            return 1
+        cluster = start_cluster(args.root, cpus=args.cpus)
+        print(f"export SLURM_CONF={cluster.conf}")
+        return 0
+    load_cluster(args.root).stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
