@@ -7,13 +7,29 @@ Importing ``flows`` is cheap: every name below is loaded on first use, so
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 if TYPE_CHECKING:
-    from flows._approval import ApprovalRequest, judge
-    from flows._approval_form import Approval, approval_form
-    from flows._campaign import campaign_flow, run_campaign
+    from flows._engine._approval import ApprovalRequest, judge
+    from flows._engine._round import CampaignEngine, CampaignResult, Hooks
+    from flows._prefect._approval_form import Approval, approval_form
+    from flows._prefect._campaign import campaign_flow, run_campaign
+    from flows._prefect._server import (
+        ServerConfig,
+        ServerHandle,
+        load_server_config,
+        start_server,
+        stop_server,
+    )
+    from flows._prefect._service import (
+        CampaignService,
+        approve_run,
+        expire_approvals,
+        submit_campaign,
+    )
+    from flows._prefect._submissions import Submitted
     from flows._provenance import (
         ApprovalEventRecord,
         ApprovalRow,
@@ -22,66 +38,42 @@ if TYPE_CHECKING:
         ProvenanceStore,
         TaskResultRecord,
     )
-    from flows._round import CampaignEngine, CampaignResult, Hooks
-    from flows._server import (
-        ServerConfig,
-        ServerHandle,
-        load_server_config,
-        start_server,
-        stop_server,
-    )
-    from flows._service import (
-        CampaignService,
-        Submitted,
-        approve_run,
-        expire_approvals,
-        submit_campaign,
-    )
     from flows._spec import CampaignSpec, LoadedSpec, load_campaign, spec_from_dict
     from flows._telemetry import configure_telemetry
 
-_LAZY: dict[str, str] = {
-    "Approval": "flows._approval_form",
-    "ApprovalEventRecord": "flows._provenance",
-    "ApprovalRequest": "flows._approval",
-    "ApprovalRow": "flows._provenance",
-    "CampaignEngine": "flows._round",
-    "CampaignResult": "flows._round",
-    "CampaignService": "flows._service",
-    "CampaignSpec": "flows._spec",
-    "Checkpoint": "flows._provenance",
-    "Hooks": "flows._round",
-    "LoadedSpec": "flows._spec",
-    "ProvenanceDatabaseError": "flows._provenance",
-    "ProvenanceStore": "flows._provenance",
-    "ServerConfig": "flows._server",
-    "ServerHandle": "flows._server",
-    "Submitted": "flows._service",
-    "TaskResultRecord": "flows._provenance",
-    "approval_form": "flows._approval_form",
-    "approve_run": "flows._service",
-    "campaign_flow": "flows._campaign",
-    "configure_telemetry": "flows._telemetry",
-    "expire_approvals": "flows._service",
-    "judge": "flows._approval",
-    "load_campaign": "flows._spec",
-    "load_server_config": "flows._server",
-    "run_campaign": "flows._campaign",
-    "spec_from_dict": "flows._spec",
-    "start_server": "flows._server",
-    "stop_server": "flows._server",
-    "submit_campaign": "flows._service",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Import a lazily exported name on first access."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flows' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__, _ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "_engine._approval": ["ApprovalRequest", "judge"],
+        "_engine._round": ["CampaignEngine", "CampaignResult", "Hooks"],
+        "_prefect._approval_form": ["Approval", "approval_form"],
+        "_prefect._campaign": ["campaign_flow", "run_campaign"],
+        "_prefect._server": [
+            "ServerConfig",
+            "ServerHandle",
+            "load_server_config",
+            "start_server",
+            "stop_server",
+        ],
+        "_prefect._service": [
+            "CampaignService",
+            "approve_run",
+            "expire_approvals",
+            "submit_campaign",
+        ],
+        "_prefect._submissions": ["Submitted"],
+        "_provenance": [
+            "ApprovalEventRecord",
+            "ApprovalRow",
+            "Checkpoint",
+            "ProvenanceDatabaseError",
+            "ProvenanceStore",
+            "TaskResultRecord",
+        ],
+        "_spec": ["CampaignSpec", "LoadedSpec", "load_campaign", "spec_from_dict"],
+        "_telemetry": ["configure_telemetry"],
+    },
+)
 
 
 __all__ = [

@@ -1,20 +1,139 @@
-"""Where unattended keeps its state on the login node."""
+"""Where unattended keeps its state on the login node, and how its files are made private.
+
+Everything written under the state directory (``$UNATTENDED_HOME``, default
+``~/.unattended``) is private to its owner on a shared login node: directories
+0700, files 0600, whatever the umask. The helpers here set those modes at
+creation, explicitly, rather than trusting the umask; processes that write files
+of their own there (the Prefect server, the runner and its flow runs) also run
+under :data:`PRIVATE_UMASK`.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Final
+
+PRIVATE_DIR_MODE: Final = 0o700
+PRIVATE_FILE_MODE: Final = 0o600
+# For processes whose files we do not create ourselves (the Prefect server, the runner).
+PRIVATE_UMASK: Final = 0o077
+# The variable ``Settings.home`` reads (a test pins the two together). Read here
+# directly: resolving the state directory must not load pydantic, so the read-only
+# commands (``inspect``, ``export``) start fast; the other settings are checked where
+# they are used.
+HOME_VARIABLE: Final = "UNATTENDED_HOME"
 
 
 def state_dir_from(explicit: str | Path | None, env: Mapping[str, str]) -> Path:
     """Return the state directory: ``explicit``, ``$UNATTENDED_HOME``, or ``~/.unattended``."""
     if explicit:
         return Path(explicit).expanduser().resolve()
-    if env.get("UNATTENDED_HOME"):
-        return Path(env["UNATTENDED_HOME"]).expanduser().resolve()
+    home = env.get(HOME_VARIABLE)
+    if home:  # empty counts as unset, as in Settings
+        return Path(home).expanduser().resolve()
     return (Path(env.get("HOME") or Path.home()) / ".unattended").resolve()
 
 
 def campaign_dir(state_dir: Path, name: str) -> Path:
     """Return the campaign's directory (provenance database, telemetry, logs)."""
     return state_dir / "campaigns" / name
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` and its missing parents, each 0700 whatever the umask; return it.
+
+    Folders that exist already keep their mode: the user may have chosen it.
+    """
+    missing = []
+    folder = path
+    while not folder.exists():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            continue  # another process made it first, with its own mode
+        os.chmod(folder, PRIVATE_DIR_MODE)  # mkdir's mode is masked by the umask
+    return path
+
+
+def open_private(path: Path, flags: int) -> int:
+    """Open (creating if needed) ``path`` as a 0600 file in a private folder; return the fd.
+
+    The mode is set on the open descriptor, so a file made by an older version (or
+    under a loose umask) is tightened too.
+    """
+    private_dir(path.parent)
+    descriptor = os.open(path, flags | os.O_CREAT, PRIVATE_FILE_MODE)
+    os.fchmod(descriptor, PRIVATE_FILE_MODE)
+    return descriptor
+
+
+def append_private(path: Path) -> int:
+    """Open ``path`` for appending as a private file; return the descriptor."""
+    return open_private(path, os.O_WRONLY | os.O_APPEND)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path``'s content with ``text``, as a private file."""
+    descriptor = open_private(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def file_problem(path: Path) -> str | None:
+    """Return why ``path`` is not a regular file ("no such file", ...), or None if it is one.
+
+    Checked before reading, so a directory or a device (``/dev/zero`` would be read
+    forever) is named for what it is.
+    """
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read the file ({type(exc).__name__})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file"
+    return None
+
+
+def approvers_dir(state_dir: Path) -> Path:
+    """Return the folder of the enrolled approvers' one-time-code secrets (0700)."""
+    return state_dir / "approvers"
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write a secret to ``path`` as a private file, atomically (no half-written secret).
+
+    The text goes to a private partial file first, fsynced, then renamed over ``path``.
+    """
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = open_private(partial, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def read_private_file(path: Path) -> str:
+    """Return the text of a secret file, refusing one that others can read or write.
+
+    Raises:
+        PermissionError: The file's mode lets its group or others in (fix: chmod 600).
+    """
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise PermissionError(
+            f"{path} is readable or writable by other users (mode {mode:o}); run 'chmod 600 {path}'"
+        )
+    return path.read_text(encoding="utf-8").strip()

@@ -1,7 +1,7 @@
 """Replay a changed policy against a finished campaign's recorded rounds, running nothing.
 
 Each recorded gate call's :class:`policies.RoundContext` is rebuilt as
-``flows._round.CampaignEngine._decide`` builds it live (the accepted batch or the
+``flows._engine._round.CampaignEngine._decide`` builds it live (the accepted batch or the
 recorded fallback; budget spent, consecutive fallbacks and earlier decisions
 carried forward as ``_assimilate`` advances them, from the *new* policy's
 decisions), and judged by the new policy from an empty state. What the record
@@ -20,9 +20,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from flows._counters import Counters
+from flows._engine._counters import Counters
 from flows._provenance import ProvenanceStore
 from flows._provenance import _readers as readers
+from flows._provenance import _tables as tables
+from flows._provenance._sql import AlchemyReader
 from flows._spec import CampaignSpec, spec_from_dict
 from policies import BatchSummary, Policy, RoundContext, proposal_key
 
@@ -100,11 +102,11 @@ class ReplayResult:
 def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
     """Read what the replay needs: campaign row, rounds, gate calls, decisions, approvals."""
     c, r, g, a = (
-        t.c for t in (readers.CAMPAIGNS, readers.ROUNDS, readers.GATE_CALLS, readers.ATTEMPTS)
+        t.c for t in (tables.CAMPAIGNS, tables.ROUNDS, tables.GATE_CALLS, tables.ATTEMPTS)
     )
-    b, d = readers.BATCHES.c, readers.DECISIONS.c
+    b, d = tables.BATCHES.c, tables.DECISIONS.c
     with store.engine.connect() as connection:
-        cid = readers.require_campaign(connection, name)
+        cid = readers.require_campaign(AlchemyReader(connection), name)
         campaign = connection.execute(select(c.spec, c.site, c.status).where(c.id == cid)).one()
         rounds = connection.execute(
             select(r.round_index, r.status, r.policy_state)
@@ -120,7 +122,7 @@ def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
             int(row.gate_call_id): row.value
             for row in connection.execute(
                 select(a.gate_call_id, a.value)
-                .join(readers.GATE_CALLS, g.id == a.gate_call_id)
+                .join(tables.GATE_CALLS, g.id == a.gate_call_id)
                 .where(g.campaign_id == cid, a.rejected_by.is_(None))
             )
         }
@@ -136,12 +138,13 @@ def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
             batch_sizes[int(row.round_index)] = len(row.candidates or [])
         keys = (
             connection.execute(
-                select(readers.APPROVALS.c.key).where(readers.APPROVALS.c.campaign_id == cid)
+                select(tables.APPROVALS.c.key).where(tables.APPROVALS.c.campaign_id == cid)
             )
             .scalars()
             .all()
         )
-        approvals = {key: readers.approval(connection, key) for key in keys}
+        reader = AlchemyReader(connection)
+        approvals = {key: readers.approval(reader, key) for key in keys}
     return {
         "campaign": campaign,
         "rounds": rounds,
@@ -242,7 +245,20 @@ class _Replayer:
         if self.result.diverged_from is None:
             self.result.diverged_from = index
 
+    def _recorded_verifier_hours(self, index: int) -> float:
+        """Return the verifier node-hours recorded through round ``index`` (no gate re-runs)."""
+        hours = 0.0
+        for row in self.record["rounds"]:
+            state = row.policy_state if isinstance(row.policy_state, dict) else {}
+            campaign = state.get("campaign")
+            if not isinstance(campaign, dict):
+                continue
+            if int(row.round_index) <= index and "verifier_hours" in campaign:
+                hours = float(campaign["verifier_hours"])
+        return hours
+
     def _round(self, index: int, calls: list[Any], recorded: list[Any]) -> None:
+        self.counters.verifier_hours = self._recorded_verifier_hours(index)
         start = len(self.result.steps)
         self._judge_round(index, calls, recorded)
         # Recorded gate calls the new policy never makes: it stopped, or ran an earlier batch.
@@ -363,8 +379,8 @@ class _Replayer:
             proposal_key=proposal_key(candidates),
             disposition=call.disposition,
             consecutive_fallbacks=self.counters.fallbacks_with(call.disposition),
-            budget_spent=self.counters.budget_spent,
-            budget_remaining=self.spec.budget_node_hours - self.counters.budget_spent,
+            budget_spent=self.counters.spent,
+            budget_remaining=self.spec.budget_node_hours - self.counters.spent,
             walltime_remaining=None,
             earlier_decisions=tuple(self.counters.decisions),
             can_suspend=self.result.can_suspend,
@@ -373,7 +389,7 @@ class _Replayer:
     def _assimilate(self, index: int, launch: tuple[list[list[float]], str]) -> None:
         candidates, disposition = launch
         hours = len(candidates) * self.result.node_hours_per_simulation
-        if hours > self.spec.budget_node_hours - self.counters.budget_spent + 1e-9:
+        if hours > self.spec.budget_node_hours - self.counters.spent + 1e-9:
             last = self.result.steps[-1]
             note = "; ".join(n for n in (last.note, "the batch exceeds the budget: blocked") if n)
             self.result.steps[-1] = replace(last, note=note)

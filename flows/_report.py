@@ -25,8 +25,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from flows._paths import private_dir
 from flows._provenance import ProvenanceStore
 from flows._provenance import _readers as readers
+from flows._provenance import _tables as tables
 
 REPORT_FILE = "report.html"
 FIGURE_FILES = ("best.png", "dispositions.png", "rejections.png", "simulation.png")
@@ -40,30 +42,41 @@ def _seconds(start: str | None, end: str | None) -> float | None:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def _rationales(store: ProvenanceStore, cid: int) -> dict[int, str]:
-    """Return the accepted proposal's rationale per round (the last accepted call wins)."""
-    g, a = readers.GATE_CALLS.c, readers.ATTEMPTS.c
+def _accepted(store: ProvenanceStore, cid: int) -> dict[int, dict[str, Any]]:
+    """Return the accepted proposal's rationale and verifier prediction per round.
+
+    The last accepted call of a round wins.
+    """
+    from flows._engine._simulation import PREDICTION_SCORE  # the name the engine records
+
+    g, a = tables.GATE_CALLS.c, tables.ATTEMPTS.c
     query = (
-        select(g.round_index, a.value)
-        .join(readers.ATTEMPTS, a.gate_call_id == g.id)
+        select(g.round_index, a.value, a.scores)
+        .join(tables.ATTEMPTS, a.gate_call_id == g.id)
         .where(g.campaign_id == cid, g.disposition == "accepted", a.rejected_by.is_(None))
         .order_by(g.round_index, g.call_index)
     )
-    found: dict[int, str] = {}
+    found: dict[int, dict[str, Any]] = {}
     with store.engine.connect() as connection:
         for row in connection.execute(query):
-            if isinstance(row.value, dict) and isinstance(row.value.get("rationale"), str):
-                found[int(row.round_index)] = row.value["rationale"]
+            value = row.value if isinstance(row.value, dict) else {}
+            scores = row.scores if isinstance(row.scores, dict) else {}
+            rationale = value.get("rationale")
+            prediction = scores.get(PREDICTION_SCORE)
+            found[int(row.round_index)] = {
+                "rationale": rationale if isinstance(rationale, str) else None,
+                "prediction": prediction if isinstance(prediction, int | float) else None,
+            }
     return found
 
 
 def _rejections(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
     """Return rejection reasons ranked by count: rejected_by, reason, count."""
-    g, a = readers.GATE_CALLS.c, readers.ATTEMPTS.c
+    g, a = tables.GATE_CALLS.c, tables.ATTEMPTS.c
     count = func.count().label("n")
     query = (
         select(a.rejected_by, a.reason, count)
-        .join(readers.GATE_CALLS, g.id == a.gate_call_id)
+        .join(tables.GATE_CALLS, g.id == a.gate_call_id)
         .where(g.campaign_id == cid, a.rejected_by.is_not(None))
         .group_by(a.rejected_by, a.reason)
         .order_by(count.desc(), a.rejected_by, a.reason)
@@ -77,7 +90,7 @@ def _rejections(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
 
 def _batches(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
     """Return each batch's wall time (launched to finished) and its task runtimes."""
-    b, t = readers.BATCHES.c, readers.TASK_RESULTS.c
+    b, t = tables.BATCHES.c, tables.TASK_RESULTS.c
     batches: dict[int, dict[str, Any]] = {}
     with store.engine.connect() as connection:
         for row in connection.execute(
@@ -86,7 +99,7 @@ def _batches(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
             .where(b.campaign_id == cid)
             .order_by(b.round_index, b.id)
         ):
-            data = readers.plain(row)
+            data = tables.plain_row(row)
             batches[int(row.id)] = {
                 "key": row.key,
                 "round_index": int(row.round_index),
@@ -156,9 +169,9 @@ def collect(store: ProvenanceStore, name: str) -> dict[str, Any]:
         NotFound: No campaign named ``name`` in this store.
     """
     summary = store.summary(name)
-    with store.engine.connect() as connection:
-        cid = readers.require_campaign(connection, name)
-    rationales = _rationales(store, cid)
+    with store.reading() as reader:
+        cid = readers.require_campaign(reader, name)
+    accepted = _accepted(store, cid)
     best_so_far: float | None = None
     for entry in summary["rounds"]:
         best = entry["best"]
@@ -169,7 +182,9 @@ def collect(store: ProvenanceStore, name: str) -> dict[str, Any]:
         entry["acceptance_rate"] = (
             entry["dispositions"].get("accepted", 0) / finished if finished else None
         )
-        entry["rationale"] = rationales.get(entry["index"])
+        chosen = accepted.get(entry["index"], {})
+        entry["rationale"] = chosen.get("rationale")
+        entry["verifier_prediction"] = chosen.get("prediction")
     return {
         **summary,
         "rejections": _rejections(store, cid),
@@ -179,6 +194,44 @@ def collect(store: ProvenanceStore, name: str) -> dict[str, Any]:
 
 
 # -- figures ---------------------------------------------------------------------------
+
+
+def _linear_below(gaps: Sequence[float]) -> float:
+    """Return the symlog scale's linear range: the smallest gap above zero shows as a decade."""
+    positive = [g for g in gaps if g > 0]
+    return min(positive) if positive else 1.0
+
+
+def best_figure(rounds: Sequence[dict[str, Any]]) -> Any:
+    """Draw each round's best and the best so far as their distance to the campaign's best.
+
+    The scale is symmetric-logarithmic: after the first rounds the values differ by
+    orders of magnitude less than round 0's, and on a linear axis they all sit on zero.
+    """
+    from matplotlib.figure import Figure  # no pyplot: no global figure registry to leak
+    from matplotlib.ticker import MaxNLocator
+
+    scored = [r for r in rounds if r["best"] is not None]
+    best = min(r["best"] for r in scored)
+    gaps = [r["best"] - best for r in scored]
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
+    ax.plot([r["index"] for r in scored], gaps, "o", label="round best")
+    ax.step(
+        [r["index"] for r in scored],
+        [r["best_so_far"] - best for r in scored],
+        where="post",
+        label="best so far",
+    )
+    ax.set_yscale("symlog", linthresh=_linear_below(gaps))
+    ax.set(
+        xlabel="round",
+        ylabel=f"objective - best ({best:.4g}), symlog",
+        title="Best result: distance to the campaign's best",
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize="small")
+    return fig
 
 
 def _png(figure: Any) -> bytes:
@@ -198,21 +251,8 @@ def figures(data: dict[str, Any]) -> dict[str, bytes]:
 
     drawn: dict[str, bytes] = {}
     rounds = data["rounds"]
-    scored = [r for r in rounds if r["best"] is not None]
-    if scored:
-        fig = Figure(figsize=(7, 3.5))
-        ax = fig.subplots()
-        ax.plot([r["index"] for r in scored], [r["best"] for r in scored], "o", label="round best")
-        ax.step(
-            [r["index"] for r in scored],
-            [r["best_so_far"] for r in scored],
-            where="post",
-            label="best so far",
-        )
-        ax.set(xlabel="round", ylabel="objective (lower is better)", title="Best result")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize="small")
-        drawn["best.png"] = _png(fig)
+    if any(r["best"] is not None for r in rounds):
+        drawn["best.png"] = _png(best_figure(rounds))
     if rounds:
         fig = Figure(figsize=(7, 3.5))
         ax = fig.subplots()
@@ -351,7 +391,16 @@ def render_html(data: dict[str, Any], drawn: dict[str, bytes]) -> str:
         '<h2 id="best">Best result per round</h2>',
         _figure(drawn, "best.png", "best result per round"),
         _table(
-            ("round", "status", "decision", "tasks done", "best", "best so far", "rationale"),
+            (
+                "round",
+                "status",
+                "decision",
+                "tasks done",
+                "best",
+                "best so far",
+                "verifier predicted",
+                "rationale",
+            ),
             [
                 (
                     r["index"],
@@ -360,6 +409,7 @@ def render_html(data: dict[str, Any], drawn: dict[str, bytes]) -> str:
                     f"{r['done']}/{r['tasks']}",
                     r["best"],
                     r["best_so_far"],
+                    r["verifier_prediction"],
                     (r["rationale"] or "")[:_RATIONALE_CHARS] or None,
                 )
                 for r in data["rounds"]
@@ -449,7 +499,7 @@ def write_report(store: ProvenanceStore, name: str, output: str | os.PathLike[st
     drawn = figures(data)
     document = render_html(data, drawn).encode("utf-8")
     folder = Path(output)
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)  # the figures show candidate values
     for file_name in FIGURE_FILES:
         if file_name in drawn:
             _write(folder / file_name, drawn[file_name])

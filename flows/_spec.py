@@ -9,15 +9,37 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from policies import SpecInvalid
+from flows._paths import file_problem
+from policies import SpecInvalid, UnattendedError
+from tasks import NotifyConfig
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+def _not_a_bool(value: Any) -> Any:
+    # pydantic reads true as 1.0; a boolean where a number belongs is a typo, not a number.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_not_a_bool)]
 
 
 class _Strict(BaseModel):
@@ -27,10 +49,10 @@ class _Strict(BaseModel):
 class ObjectiveSpec(_Strict):
     """What a candidate is and how it is simulated."""
 
-    lower: list[float] = Field(
+    lower: list[Number] = Field(
         min_length=1, max_length=64, description="Lower bound per dimension."
     )
-    upper: list[float] = Field(
+    upper: list[Number] = Field(
         min_length=1, max_length=64, description="Upper bound per dimension."
     )
     simulation: Literal["demo"] | list[str] = Field(
@@ -41,19 +63,26 @@ class ObjectiveSpec(_Strict):
             '{"value": float} on stdout.'
         ),
     )
-    simulation_cost: float = Field(
+    simulation_cost: Number = Field(
         default=0.0,
         ge=0.0,
         le=3600.0,
         description="Seconds the demo simulation sleeps per candidate.",
     )
-    verifier_limit: float | None = Field(
+    verifier_limit: Annotated[Number, Field(allow_inf_nan=False)] | None = Field(
         default=None,
         description=(
             "Reject a proposal when the low-fidelity verifier predicts a value above this for "
-            "any candidate (minimisation). None: no verifier."
+            "any candidate (minimisation); a finite number. None: no verifier."
         ),
     )
+
+    @field_validator("simulation")
+    @classmethod
+    def _argv(cls, value: Literal["demo"] | list[str]) -> Literal["demo"] | list[str]:
+        if isinstance(value, list) and not (value and value[0].strip()):
+            raise ValueError("an argv list needs at least the program to run")
+        return value
 
     @model_validator(mode="after")
     def _bounds(self) -> ObjectiveSpec:
@@ -67,35 +96,46 @@ class ObjectiveSpec(_Strict):
         return self
 
 
-class PlannerSpec(_Strict):
-    """Who proposes the batches."""
+class ScriptedPlannerSpec(_Strict):
+    """Replay recorded model answers from a transcript."""
 
-    kind: Literal["scripted", "surrogate", "llm"] = Field(description="The planner.")
-    transcript: str | None = Field(
-        default=None, description="Scripted: a JSON-lines transcript, relative to the spec file."
+    kind: Literal["scripted"] = Field(description="The planner.")
+    transcript: str = Field(
+        min_length=1, description="A JSON-lines transcript, relative to the spec file."
     )
-    base_url: str | None = Field(
-        default=None,
-        description="LLM: the OpenAI-compatible endpoint (e.g. vLLM on the allocation).",
+
+
+class SurrogatePlannerSpec(_Strict):
+    """Propose from the campaign's surrogate model (no model endpoint)."""
+
+    kind: Literal["surrogate"] = Field(description="The planner.")
+
+
+class LLMPlannerSpec(_Strict):
+    """Ask an OpenAI-compatible chat endpoint."""
+
+    kind: Literal["llm"] = Field(description="The planner.")
+    base_url: str = Field(
+        min_length=1, description="The OpenAI-compatible endpoint (e.g. vLLM on the allocation)."
     )
-    model: str | None = Field(default=None, max_length=200, description="LLM: the model name.")
+    model: str = Field(min_length=1, max_length=200, description="The model name.")
     api_key_env: str | None = Field(
         default=None,
         pattern=r"^[A-Z_][A-Z0-9_]*$",
-        description="LLM: the environment variable holding the API key (never the key itself).",
+        description="The environment variable holding the API key (never the key itself).",
     )
-    timeout: float = Field(default=60.0, gt=0, le=3600, description="LLM: seconds per request.")
+    timeout: Number = Field(default=60.0, gt=0, le=3600, description="Seconds per request.")
     objective: str = Field(
-        default="Minimise the objective.", max_length=4000, description="LLM: the task in words."
+        default="Minimise the objective.", max_length=4000, description="The task in words."
     )
 
-    @model_validator(mode="after")
-    def _complete(self) -> PlannerSpec:
-        if self.kind == "scripted" and not self.transcript:
-            raise ValueError("a scripted planner needs 'transcript'")
-        if self.kind == "llm" and not (self.base_url and self.model):
-            raise ValueError("an llm planner needs 'base_url' and 'model'")
-        return self
+
+# Who proposes the batches: one model per ``kind``, so a field of another kind
+# (``transcript`` for an llm planner) is refused naming that field.
+PlannerSpec = Annotated[
+    ScriptedPlannerSpec | SurrogatePlannerSpec | LLMPlannerSpec, Field(discriminator="kind")
+]
+PLANNER_KINDS: frozenset[str] = frozenset({"scripted", "surrogate", "llm"})
 
 
 class ApprovalsSpec(_Strict):
@@ -106,7 +146,7 @@ class ApprovalsSpec(_Strict):
         max_length=100,
         description="People allowed to approve, for rules that name none of their own.",
     )
-    timeout_minutes: float = Field(
+    timeout_minutes: Number = Field(
         default=24 * 60.0, gt=0, le=30 * 24 * 60, description="How long a request waits."
     )
     on_timeout: Literal["fallback", "stop"] = Field(
@@ -116,7 +156,7 @@ class ApprovalsSpec(_Strict):
     max_batch_override: bool = Field(
         default=True, description="Whether an approver may shrink the batch when approving."
     )
-    allocation_margin_minutes: float = Field(
+    allocation_margin_minutes: Number = Field(
         default=15.0,
         ge=0,
         le=7 * 24 * 60,
@@ -133,21 +173,42 @@ class CampaignSpec(_Strict):
     name: str = Field(
         pattern=NAME_PATTERN, description="Campaign name: lowercase, digits, - and _."
     )
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of every random choice.")
-    rounds: int = Field(ge=1, le=10_000, description="How many rounds to run.")
-    batch_size: int = Field(ge=1, le=100_000, description="Candidates per batch.")
-    attempts: int = Field(default=1, ge=1, le=50, description="The gate's attempt budget per call.")
-    policy_retries: int = Field(
+    seed: StrictInt = Field(
+        default=0, ge=0, le=2**63 - 1, description="Seed of every random choice."
+    )
+    rounds: StrictInt = Field(ge=1, le=10_000, description="How many rounds to run.")
+    batch_size: StrictInt = Field(ge=1, le=100_000, description="Candidates per batch.")
+    attempts: StrictInt = Field(
+        default=1, ge=1, le=50, description="The gate's attempt budget per call."
+    )
+    policy_retries: StrictInt = Field(
         default=1, ge=0, le=20, description="Gate calls added in a round after a policy Retry."
     )
-    budget_node_hours: float = Field(gt=0, le=1e9, description="Node-hours the campaign may spend.")
+    budget_node_hours: Number = Field(
+        gt=0, le=1e9, description="Node-hours the campaign may spend."
+    )
     objective: ObjectiveSpec
     planner: PlannerSpec
     policy: str | None = Field(
         default=None, description="A policy TOML file, relative to the spec file. None: no rules."
     )
+    allow_no_rules: bool = Field(
+        default=False,
+        description=(
+            "Run with no policy rules (no policy file, or one without [[rules]]): then only the "
+            "budget and the round count stop the campaign and nothing asks a human. Off by "
+            "default, so a forgotten or empty policy file is refused before anything runs."
+        ),
+    )
     approvals: ApprovalsSpec = Field(default_factory=ApprovalsSpec)
-    site: str = Field(default="local", description="The site config name or path.")
+    notify: NotifyConfig | None = Field(
+        default=None, description="Notifications for this campaign; replaces the site's."
+    )
+    site: str = Field(
+        default="local",
+        description="The site config: a name (site-configs/<name>.toml) or a path, "
+        "relative to the spec file.",
+    )
 
     @property
     def dim(self) -> int:
@@ -174,82 +235,180 @@ class LoadedSpec(BaseModel):
         candidate = Path(relative).expanduser()
         return candidate if candidate.is_absolute() else (self.directory / candidate).resolve()
 
+    def site_location(self) -> str:
+        """Return the spec's site: a name as written, a path resolved against the spec's folder."""
+        site = self.spec.site
+        return str(self.resolve(site)) if is_site_path(site) else site
+
+
+def is_site_path(site: str) -> bool:
+    """Return whether a site is given as a file path rather than a name."""
+    return site.endswith(".toml") or "/" in site
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a campaign: the file, the dotted field, and the line to show."""
+
+    file: str
+    field: str | None
+    text: str
+
+    @classmethod
+    def at(cls, file: str, field: str | None, message: str) -> Problem:
+        """Return a problem whose line names ``file`` and ``field`` before ``message``."""
+        where = f"{file}: field '{field}'" if field else file
+        return cls(file, field, f"{where}: {message}")
+
+
+def problems_error(
+    problems: Sequence[Problem], kind: type[UnattendedError] = SpecInvalid
+) -> UnattendedError:
+    """Return one error that lists every problem (one line; the first one's file and field)."""
+    first = problems[0]
+    message = (
+        first.text
+        if len(problems) == 1
+        else f"{len(problems)} problems: " + "; ".join(p.text for p in problems)
+    )
+    return kind(
+        message,
+        details={
+            "file": first.file,
+            "field": first.field,
+            "problems": [{"file": p.file, "field": p.field} for p in problems],
+        },
+    )
+
 
 def _field_of(error: Mapping[str, Any]) -> str:
     """Return the dotted field of a validation error, without pydantic's union/validator tags."""
-    parts = [str(p) for p in error.get("loc", ()) if re.fullmatch(r"\w+", str(p))]
+    loc = [str(p) for p in error.get("loc", ())]
+    if loc[:1] == ["planner"] and len(loc) > 1 and loc[1] in PLANNER_KINDS:
+        del loc[1]  # the discriminated union's tag, not a field
+    parts = [p for p in loc if re.fullmatch(r"\w+", p)]
+    if error.get("type") in {"union_tag_invalid", "union_tag_not_found"}:
+        parts.append(str(error.get("ctx", {}).get("discriminator", "kind")).strip("'"))
     return ".".join(parts) or "(top level)"
 
 
+def _validation_problems(exc: ValidationError, source: str) -> list[Problem]:
+    problems: dict[str, Problem] = {}
+    for error in exc.errors(include_url=False, include_input=False):
+        field = _field_of(error)
+        message = _message_of(error).removeprefix("Value error, ")
+        # A union (simulation: "demo" or an argv) fails once per member: keep the first.
+        problems.setdefault(field, Problem.at(source, field, message))
+    return list(problems.values())
+
+
+def _message_of(error: Mapping[str, Any]) -> str:
+    """Return what was wrong, saying which planner kind a stray planner field does not fit."""
+    loc = [str(p) for p in error.get("loc", ())]
+    if error.get("type") == "extra_forbidden" and loc[:1] == ["planner"] and len(loc) > 2:
+        return f"not a field of the {loc[1]} planner"
+    return str(error.get("msg", "invalid"))
+
+
 def spec_from_dict(data: dict[str, Any], *, source: str = "<spec>") -> CampaignSpec:
-    """Validate ``data`` as a campaign spec; raise ``SpecInvalid`` naming the source and field."""
+    """Validate ``data`` as a campaign spec; raise ``SpecInvalid`` naming the source and fields."""
     try:
         return CampaignSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        field = _field_of(first)
-        raise SpecInvalid(
-            f"{source}: field '{field}': {first.get('msg', 'invalid')}",
-            details={"file": source, "field": field, "errors": exc.error_count()},
-        ) from None
+        raise problems_error(_validation_problems(exc, source)) from None
 
 
-def load_campaign(path: str | Path) -> LoadedSpec:
+def load_campaign(path: str | Path, *, named_files: bool = True) -> LoadedSpec:
     """Read and validate a campaign spec file, and every file it names.
+
+    ``named_files=False`` validates the spec's own fields only: for readers of a
+    campaign submitted already (``status <id>``, ``approvals``), whose transcript
+    and policy were checked and pinned at submission; it loads neither the
+    planners nor the policy engine.
 
     Raises:
         SpecInvalid: The file is missing, is not TOML, or a field is wrong; or a
-            file it names (transcript, policy) is missing or invalid.
+            file it names (transcript, policy) is missing or invalid. The message
+            lists every problem found, each naming the file and the field.
     """
-    file = Path(path).expanduser().resolve()
-    source = str(file)
-    try:
-        raw = tomllib.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecInvalid(
-            f"{source}: no such file", details={"file": source, "field": None}
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecInvalid(
-            f"{source}: cannot read the file ({type(exc).__name__})",
-            details={"file": source, "field": None},
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecInvalid(
-            f"{source}: not valid TOML ({exc})", details={"file": source, "field": None}
-        ) from None
-    spec = spec_from_dict(raw, source=source)
-    loaded = LoadedSpec(spec=spec, path=file, raw=raw)
-    _check_named_files(loaded)
+    loaded, problems = read_campaign(path, named_files=named_files)
+    if problems or loaded is None:
+        raise problems_error(problems)
     return loaded
 
 
-def _check_named_files(loaded: LoadedSpec) -> None:
-    """Fail at load time, not mid-campaign, when a named file is missing or invalid."""
-    spec, source = loaded.spec, str(loaded.path)
-    if spec.planner.transcript is not None:
-        transcript = loaded.resolve(spec.planner.transcript)
-        if not transcript.is_file():
-            raise SpecInvalid(
-                f"{source}: field 'planner.transcript': no such file {transcript}",
-                details={"file": source, "field": "planner.transcript"},
-            )
-        from tasks import ScriptedPlanner
+def read_campaign(
+    path: str | Path, *, named_files: bool = True
+) -> tuple[LoadedSpec | None, list[Problem]]:
+    """Read a campaign spec and the files it names; return it and every problem found.
 
-        try:
-            ScriptedPlanner(transcript)  # a bad line would otherwise fail mid-campaign
-        except SpecInvalid as exc:
-            raise SpecInvalid(
-                f"{source}: field 'planner.transcript': {exc.message}",
-                details={"file": source, "field": "planner.transcript", **exc.details},
-            ) from None
-    if spec.policy is not None:
-        from policies import load_policy
+    The spec is returned when its own fields validate, even if a file it names is
+    wrong, so a caller can go on checking the rest.
+    """
+    file = Path(path).expanduser().resolve()
+    source = str(file)
+    why = file_problem(file)
+    if why is not None:
+        return None, [Problem.at(source, None, why)]
+    try:
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [Problem.at(source, None, f"cannot read the file ({type(exc).__name__})")]
+    except tomllib.TOMLDecodeError as exc:
+        return None, [Problem.at(source, None, f"not valid TOML ({exc})")]
+    problems: list[Problem] = []
+    loaded = None
+    try:
+        loaded = LoadedSpec(spec=CampaignSpec.model_validate(raw), path=file, raw=raw)
+    except ValidationError as exc:
+        problems += _validation_problems(exc, source)
+    if not named_files:
+        return loaded, problems
+    # The named files are checked even when a field is wrong, so one pass shows everything.
+    planner = raw.get("planner")
+    transcript = planner.get("transcript") if isinstance(planner, dict) else None
+    if isinstance(transcript, str):
+        problems += _transcript_problems(file, transcript)
+    policy = raw.get("policy")
+    if isinstance(policy, str):
+        problems += _policy_problems(file, policy)
+    return loaded, problems
 
-        policy_file = loaded.resolve(spec.policy)
-        if not policy_file.is_file():
-            raise SpecInvalid(
-                f"{source}: field 'policy': no such file {policy_file}",
-                details={"file": source, "field": "policy"},
-            )
-        load_policy(policy_file)  # raises SpecInvalid naming the policy file, rule and field
+
+def _named(spec_file: Path, relative: str) -> Path:
+    candidate = Path(relative).expanduser()
+    return candidate if candidate.is_absolute() else (spec_file.parent / candidate).resolve()
+
+
+def _transcript_problems(spec_file: Path, relative: str) -> list[Problem]:
+    """Fail at load time, not mid-campaign, when the transcript is missing, empty or invalid."""
+    source, field = str(spec_file), "planner.transcript"
+    transcript = _named(spec_file, relative)
+    why = file_problem(transcript)
+    if why is not None:
+        return [Problem.at(source, field, f"{transcript}: {why}")]
+    from tasks import ScriptedPlanner
+
+    try:
+        planner = ScriptedPlanner(transcript)  # a bad line would otherwise fail mid-campaign
+    except SpecInvalid as exc:
+        return [Problem.at(source, field, exc.message)]
+    if len(planner) == 0:
+        return [Problem.at(source, field, f"{transcript}: the transcript has no answers")]
+    return []
+
+
+def _policy_problems(spec_file: Path, relative: str) -> list[Problem]:
+    """Return why the policy file the spec names cannot be used, if it cannot."""
+    from policies import load_policy
+
+    source = str(spec_file)
+    policy_file = _named(spec_file, relative)
+    why = file_problem(policy_file)
+    if why is not None:
+        return [Problem.at(source, "policy", f"{policy_file}: {why}")]
+    try:
+        load_policy(policy_file)
+    except SpecInvalid as exc:  # it names the policy file, the rule and the field
+        return [Problem(str(policy_file), exc.details.get("field") or "policy", exc.message)]
+    return []

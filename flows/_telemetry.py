@@ -9,6 +9,7 @@ installs providers; the libraries (``acceptance``, ``tasks``) use the API only.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,19 +26,21 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from flows._paths import append_private, private_dir
+
 
 class JsonLinesFile:
     """Append JSON objects to a file, one per line, safely from several threads."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         self.path = path
         self._lock = threading.Lock()
 
     def write(self, records: Sequence[dict[str, Any]]) -> None:
-        """Append ``records``."""
+        """Append ``records`` (the file is private: it holds candidate values)."""
         lines = "".join(json.dumps(record, default=str) + "\n" for record in records)
-        with self._lock, self.path.open("a", encoding="utf-8") as handle:
+        with self._lock, os.fdopen(append_private(self.path), "a", encoding="utf-8") as handle:
             handle.write(lines)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
+from flows._prefect._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
 
 # Variables that would let a test reach the developer's real services or state.
 # They are stripped once, when the run starts; session fixtures (a Prefect server
@@ -26,6 +26,21 @@ def pytest_configure(config: pytest.Config) -> None:
     for key in list(os.environ):
         if key.startswith(_STRIPPED_PREFIXES):
             del os.environ[key]
+
+
+# Stripped again around EVERY test (monkeypatch): a developer's Slurm allocation or
+# unattended settings must not change a result, and a test that sets one (monkeypatch)
+# never leaks it into the next. Variables a fixture set through ``_apply_env`` stay.
+_PER_TEST_PREFIXES = ("UNATTENDED_", "SLURM_")
+_FIXTURE_ENV: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _no_allocation_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove ``UNATTENDED_*`` and ``SLURM_*`` from this test's environment."""
+    for key in list(os.environ):
+        if key.startswith(_PER_TEST_PREFIXES) and key not in _FIXTURE_ENV:
+            monkeypatch.delenv(key)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -88,7 +103,7 @@ def otel() -> OTelCapture:
 # A real Prefect server for the tests that need one.
 #
 # ``prefect_server`` starts ONE server per session on 127.0.0.1 (free port, own
-# PREFECT_HOME, SQLite) with ``flows._server.start_server``, points this process at it
+# PREFECT_HOME, SQLite) with ``flows._prefect._server.start_server``, points this process at it
 # through ``os.environ`` and Prefect's settings, and stops it by PID at the end. Every
 # test that uses it gets its own result-storage folder, so a cached (``INPUTS``) task
 # result never leaks from one test into another. ``prefect_postgres_server`` does the
@@ -115,6 +130,7 @@ def _refresh_prefect_settings() -> None:
 
 
 def _apply_env(updates: dict[str, str]) -> dict[str, str | None]:
+    _FIXTURE_ENV.update(updates)  # kept by _no_allocation_env in every test
     saved = {key: os.environ.get(key) for key in updates}
     os.environ.update(updates)
     _refresh_prefect_settings()
@@ -133,7 +149,10 @@ def _restore_env(saved: dict[str, str | None]) -> None:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """Start one real Prefect server (SQLite) for the session and point Prefect at it."""
-    config = ServerConfig(port=free_port(), state_dir=tmp_path_factory.mktemp("prefect-server"))
+    # Auth on, as `unattended server start` does: every test client must send the secret.
+    config = ServerConfig(
+        port=free_port(), state_dir=tmp_path_factory.mktemp("prefect-server"), auth=True
+    )
     handle = start_server(config, timeout=_SERVER_START_TIMEOUT)
     saved = _apply_env(client_env(handle))
     try:

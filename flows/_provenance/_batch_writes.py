@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from flows._provenance import _readers as readers
+from flows._provenance._allocation_writes import allocation_times
 from flows._provenance._rows import (
     TASK_RESULT_FIELDS,
-    ApprovalRow,
     TaskResultRecord,
     field,
     jsonable,
@@ -27,11 +28,11 @@ from flows._provenance._schema import (
     TaskResultRow,
     table,
 )
+from flows._provenance._sql import AlchemyReader
 from flows._provenance._writes import (
     StoreBase,
     check_choice,
     ensure_round,
-    in_transaction,
     insert_ignore,
 )
 from policies import NotFound
@@ -58,8 +59,14 @@ class ApprovalAndBatchWrites(StoreBase):
         approvers: Iterable[str],
         description: str | None,
         flow_run_id: str | None,
+        allocation_start: datetime | None = None,
+        allocation_end: datetime | None = None,
     ) -> None:
-        """Persist an approval request before the run suspends; idempotent on ``key``."""
+        """Persist an approval request before the run suspends; idempotent on ``key``.
+
+        ``allocation_start``/``allocation_end`` are the batch allocation's window as
+        the requesting process sees it (aware datetimes; None when unknown).
+        """
         allowed = sorted(set(approvers))
 
         def work(connection: Connection) -> None:
@@ -76,12 +83,14 @@ class ApprovalAndBatchWrites(StoreBase):
                     "approvers_allowed": allowed,
                     "requested_at": now(),
                     "description": description,
+                    "allocation_start": allocation_start,
+                    "allocation_end": allocation_end,
                     "flow_run_id": flow_run_id,
                 },
                 ("key",),
             )
 
-        in_transaction(self.engine, work)
+        self._write(work)
 
     def record_approval_event(
         self,
@@ -93,13 +102,15 @@ class ApprovalAndBatchWrites(StoreBase):
         overrides: Any = None,
         allowed: bool,
         event_key: str | None = None,
+        proof: str | None = None,
     ) -> bool:
         """Record one decision attempt on approval ``key``; return True if it settled it.
 
         Every call adds an ``approval_event`` row (a refused approver too, with
         ``allowed=False``). The first allowed event settles the approval; later
         ones are kept as events only. Pass ``event_key`` (the flow run input id,
-        say) to make a replay record the event once.
+        say) to make a replay record the event once. ``proof`` says how the
+        approver proved who they are (``"totp ok"``, ``"totp failed"``, ...).
         """
         check_choice(decision, APPROVAL_DECISIONS, "decision")
         overrides_json = jsonable(overrides)
@@ -150,28 +161,35 @@ class ApprovalAndBatchWrites(StoreBase):
                     allowed=allowed,
                     settled=settles,
                     recorded_at=moment,
+                    proof=proof,
                 )
             )
             return settles
 
         try:
-            return in_transaction(self.engine, work)
+            return self._write(work)
         except IntegrityError:
             if event_key is None:
                 raise
             # Another process recorded the same event between our check and insert;
             # running again finds it and records nothing.
-            return in_transaction(self.engine, work)
-
-    def find_approval(self, key: str) -> ApprovalRow | None:
-        """Return approval ``key`` with its events, or None if it was never requested."""
-        with self.engine.connect() as connection:
-            return readers.approval(connection, key)
+            return self._write(work)
 
     def record_batch_launched(
-        self, key: str, *, campaign: str, round_index: int, candidates: Iterable[Any], backend: str
+        self,
+        key: str,
+        *,
+        campaign: str,
+        round_index: int,
+        candidates: Iterable[Any],
+        backend: str,
+        relaunch: int = 0,
     ) -> None:
-        """Record that batch ``key`` was launched; idempotent on ``key``."""
+        """Record that batch ``key`` was launched; idempotent on ``key``.
+
+        ``relaunch`` is 0 for a round's batch and n for the n-th relaunch of its
+        interrupted candidates.
+        """
         candidates_json = jsonable(list(candidates))
 
         def work(connection: Connection) -> None:
@@ -188,36 +206,46 @@ class ApprovalAndBatchWrites(StoreBase):
                     "backend": backend,
                     "launched_at": now(),
                     "status": "launched",
+                    "relaunch": int(relaunch),
                 },
                 ("key",),
             )
 
-        in_transaction(self.engine, work)
+        self._write(work)
 
     def record_batch_results(self, key: str, results: Iterable[Any]) -> None:
         """Record batch ``key``'s task results and mark it finished, in one transaction.
 
         ``results`` are ``tasks.TaskResult`` objects or dicts with the same
-        fields; a result already recorded for an index is kept.
+        fields; a result already recorded for an index is kept. A result that names
+        its job (``job_id``) gets that allocation's start and planned end, when the
+        allocation is recorded. A relaunch batch's candidates are the round's
+        interrupted ones, in order; its results are numbered within it.
         """
         items = list(results)
 
         def work(connection: Connection) -> None:
             batch = connection.execute(
-                select(BATCHES.c.id, BATCHES.c.candidates).where(BATCHES.c.key == key)
+                select(BATCHES.c.id, BATCHES.c.candidates, BATCHES.c.campaign_id).where(
+                    BATCHES.c.key == key
+                )
             ).one_or_none()
             if batch is None:
                 raise NotFound(f"no batch launched with key {key!r}", details={"batch": key})
             candidates = batch.candidates or []
+            windows = allocation_times(connection, batch.campaign_id)
             rows = []
             for item in items:
                 values = {name: field(item, name) for name in TASK_RESULT_FIELDS}
                 check_choice(values["status"], TASK_STATUSES, "status")
                 task_index = int(values.pop("index"))
                 value = jsonable(values["value"])
+                start, end = windows.get(str(values["job_id"]), (None, None))
                 rows.append(
                     {
                         **values,
+                        "allocation_start": start,
+                        "allocation_end": end,
                         "batch_id": batch.id,
                         "task_index": task_index,
                         "value": value,
@@ -236,9 +264,9 @@ class ApprovalAndBatchWrites(StoreBase):
                 .values(status="finished", finished_at=now())
             )
 
-        in_transaction(self.engine, work)
+        self._write(work)
 
     def find_batch(self, key: str) -> list[TaskResultRecord] | None:
         """Return a finished batch's results (by index), or None if it has not finished."""
         with self.engine.connect() as connection:
-            return readers.finished_batch(connection, key)
+            return readers.finished_batch(AlchemyReader(connection), key)

@@ -12,45 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from flows._paths import private_dir
 from flows._provenance._errors import ProvenanceDatabaseError
+from flows._provenance._locations import (
+    BUSY_TIMEOUT_MS,
+    Location,
+    check_sqlite_file,
+    read_only_uri,
+    sqlite_location,
+)
 from flows._provenance._rows import json_text
 
-DB_FILENAME = "provenance.db"
-DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
-SQLITE_HEADER = b"SQLite format 3\x00"
-# Milliseconds a SQLite connection waits on a lock before SQLITE_BUSY.
-BUSY_TIMEOUT_MS = 30_000
 # Execution option marking a transaction that writes (SQLite begins it IMMEDIATE).
 WRITE_OPTION = "provenance_write"
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a provenance database lives: a SQLite file or a server URL."""
-
-    url: str
-    path: Path | None
-
-    @property
-    def label(self) -> str:
-        """Return a printable name for messages (never a password)."""
-        if self.path is not None:
-            return str(self.path)
-        return make_url(self.url).render_as_string(hide_password=True)
-
-    @property
-    def is_sqlite(self) -> bool:
-        """Return True for a SQLite file."""
-        return self.path is not None
 
 
 def resolve(url_or_path: str | os.PathLike[str]) -> Location:
@@ -79,29 +60,7 @@ def resolve(url_or_path: str | os.PathLike[str]) -> Location:
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
         return Location(url=url.render_as_string(hide_password=False), path=None)
-    path = Path(text).expanduser()
-    # A directory, or a path that does not exist yet and has no database suffix, is a
-    # campaign directory: the flow passes <state>/campaigns/<name>.
-    if path.is_dir() or (not path.exists() and path.suffix not in DB_SUFFIXES):
-        path = path / DB_FILENAME
-    return Location(url="", path=path.absolute())
-
-
-def check_sqlite_file(path: Path) -> None:
-    """Raise :class:`ProvenanceDatabaseError` unless ``path`` is empty or a SQLite file."""
-    try:
-        with path.open("rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        raise ProvenanceDatabaseError(
-            f"cannot read provenance database {path}: {exc.strerror}",
-            details={"path": str(path)},
-        ) from None
-    if header and header != SQLITE_HEADER:
-        raise ProvenanceDatabaseError(
-            f"{path} is not a SQLite database (corrupt or a different kind of file)",
-            details={"path": str(path)},
-        )
+    return sqlite_location(text)
 
 
 @contextlib.contextmanager
@@ -114,7 +73,7 @@ def begin_write(engine: Engine) -> Iterator[Connection]:
 
 
 def _create_private_file(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
@@ -166,19 +125,7 @@ def open_engine(location: Location, *, read_only: bool) -> Engine:
         )
     path = location.path
     if read_only:
-        if not path.is_file():
-            raise ProvenanceDatabaseError(
-                f"no provenance database at {path}", details={"path": str(path)}
-            )
-        check_sqlite_file(path)
-        # URI filenames need percent-encoding ('?' or '#' in a directory name).
-        uri_path = urllib.parse.quote(str(path))
-        # Without a write-ahead log no writer has the file open (the last one to close
-        # removes it), and opening it "immutable" creates no -wal/-shm beside it; with a
-        # log, a live run is writing and its files are already there.
-        live = Path(f"{path}-wal").exists()
-        mode = "mode=ro" if live else "immutable=1"
-        return _sqlite_engine(f"sqlite:///file:{uri_path}?{mode}&uri=true", read_only=True)
+        return _sqlite_engine(f"sqlite:///{read_only_uri(path)}&uri=true", read_only=True)
     if path.exists():
         if path.is_dir():
             raise ProvenanceDatabaseError(

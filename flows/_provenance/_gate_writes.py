@@ -8,13 +8,21 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
-from flows._provenance._rows import jsonable, now
-from flows._provenance._schema import DISPOSITIONS, AttemptRow, GateCall, PolicyDecision, table
+from flows._provenance._rows import CandidateFateRecord, jsonable, now
+from flows._provenance._schema import (
+    CANDIDATE_FATES,
+    CANDIDATE_SOURCES,
+    DISPOSITIONS,
+    AttemptRow,
+    CandidateFateRow,
+    GateCall,
+    PolicyDecision,
+    table,
+)
 from flows._provenance._writes import (
     StoreBase,
     check_choice,
     ensure_round,
-    in_transaction,
     insert_ignore,
 )
 from policies import InternalError, NotFound, ValidationFailed
@@ -22,6 +30,7 @@ from policies import InternalError, NotFound, ValidationFailed
 GATE_CALLS = table(GateCall)
 ATTEMPTS = table(AttemptRow)
 DECISIONS = table(PolicyDecision)
+FATES = table(CandidateFateRow)
 _DECISION_FIELDS = (
     "outcome",
     "reason",
@@ -50,14 +59,17 @@ def _attempt_values(gate_call_id: int, attempt: Any) -> dict[str, Any]:
     verdicts = []
     for verdict in get("verdicts") or ():
         read = _reader(verdict)
-        verdicts.append(
-            {
-                "check": read("check"),
-                "passed": read("passed"),
-                "reason": read("reason"),
-                "duration": read("duration"),
-            }
-        )
+        entry = {
+            "check": read("check"),
+            "passed": read("passed"),
+            "reason": read("reason"),
+            "duration": read("duration"),
+        }
+        details = read("details")
+        if details:
+            # What the check did: the verifier's tasks with their Slurm job ids.
+            entry["details"] = jsonable(dict(details))
+        verdicts.append(entry)
     return {
         "gate_call_id": gate_call_id,
         "number": number,
@@ -129,7 +141,7 @@ class GateWrites(StoreBase):
                 )
             return int(row.id)
 
-        return in_transaction(self.engine, work)
+        return self._write(work)
 
     def record_attempt(self, gate_call_id: int, attempt: Any) -> None:
         """Record one ``acceptance.Attempt`` (or its ``model_dump``) with its verdicts."""
@@ -143,7 +155,7 @@ class GateWrites(StoreBase):
             insert_ignore(connection, ATTEMPTS, rows, ("gate_call_id", "number"))
 
         try:
-            in_transaction(self.engine, work)
+            self._write(work)
         except IntegrityError:
             raise NotFound(
                 f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
@@ -164,7 +176,7 @@ class GateWrites(StoreBase):
                     f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
                 )
 
-        in_transaction(self.engine, work)
+        self._write(work)
 
     def record_decision(self, name: str, index: int, seq: int, record: Mapping[str, Any]) -> None:
         """Record the policy decision ``seq`` of a round (``Decision.to_record()``).
@@ -194,4 +206,46 @@ class GateWrites(StoreBase):
                 ("campaign_id", "round_index", "seq"),
             )
 
-        in_transaction(self.engine, work)
+        self._write(work)
+
+    def record_candidate_fates(
+        self, name: str, index: int, call_index: int, fates: Iterable[CandidateFateRecord]
+    ) -> None:
+        """Record what became of candidates of gate call ``call_index``, in one transaction.
+
+        Insert-or-ignore on (round, call, source, candidate index): the first fate
+        recorded for a candidate stands, so a replay, which derives the same fates,
+        records nothing twice.
+        """
+        rows = []
+        for fate in fates:
+            check_choice(fate.fate, CANDIDATE_FATES, "fate")
+            check_choice(fate.source, CANDIDATE_SOURCES, "source")
+            rows.append(
+                {
+                    "round_index": index,
+                    "call_index": call_index,
+                    "source": fate.source,
+                    "candidate_index": fate.index,
+                    "candidate": [float(v) for v in fate.candidate],
+                    "fate": fate.fate,
+                    "rule": fate.rule,
+                    "actor": fate.actor,
+                    "reason": fate.reason,
+                }
+            )
+        if not rows:
+            return
+
+        def work(connection: Connection) -> None:
+            cid = self._id(connection, name)
+            ensure_round(connection, cid, index)
+            stamp = now()
+            insert_ignore(
+                connection,
+                FATES,
+                [{**row, "campaign_id": cid, "recorded_at": stamp} for row in rows],
+                ("campaign_id", "round_index", "call_index", "source", "candidate_index"),
+            )
+
+        self._write(work)

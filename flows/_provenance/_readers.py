@@ -1,340 +1,232 @@
 """Read the provenance record back: checkpoints, summaries, one round in full.
 
-Readers take an open connection and return frozen rows or JSON-ready dicts.
+Every query is SQL text with ``:named`` parameters, written once here and run by
+a :class:`~flows._provenance._sql.Reader`: stdlib ``sqlite3`` on the CLI's read
+path (no SQLAlchemy imported), the store's SQLAlchemy connection everywhere else
+(the engine, reports, PostgreSQL). Readers return frozen rows or JSON-ready dicts.
 The campaign summary reads only the small tables (rounds, gate calls, batches)
 plus indexed aggregates, so it stays fast on databases with millions of attempts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Self
 
-from sqlalchemy import Connection, Table, case, func, select
-
+from flows._provenance import _queries as sql
+from flows._provenance._locations import Location
 from flows._provenance._rows import (
     ApprovalEventRecord,
     ApprovalRow,
     Checkpoint,
     TaskResultRecord,
     as_dict,
-    utc,
 )
-from flows._provenance._schema import (
-    Approval,
-    ApprovalEvent,
-    AttemptRow,
-    Batch,
-    Campaign,
-    GateCall,
-    PolicyDecision,
-    Round,
-    TaskResultRow,
-    table,
-)
-from flows._provenance._writes import campaign_id
+from flows._provenance._sql import Reader
 from policies import NotFound
 
-CAMPAIGNS: Table = table(Campaign)
-ROUNDS: Table = table(Round)
-GATE_CALLS: Table = table(GateCall)
-ATTEMPTS: Table = table(AttemptRow)
-DECISIONS: Table = table(PolicyDecision)
-APPROVALS: Table = table(Approval)
-APPROVAL_EVENTS: Table = table(ApprovalEvent)
-BATCHES: Table = table(Batch)
-TASK_RESULTS: Table = table(TaskResultRow)
+
+def plain(row: dict[str, Any], *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Return a decoded row without ``drop``, with datetimes as ISO text."""
+    return {k: as_dict(v) for k, v in row.items() if k not in drop}
 
 
-def plain(row: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Return a result row as a dict, without ``drop``, with datetimes as ISO text."""
-    return {k: as_dict(v) for k, v in row._mapping.items() if k not in drop}
+def campaign_id(reader: Reader, name: str) -> int | None:
+    """Return campaign ``name``'s id, or None."""
+    found = reader.scalars(sql.CAMPAIGN_ID, name=name)
+    return int(found[0]) if found else None
 
 
-def require_campaign(connection: Connection, name: str) -> int:
+def require_campaign(reader: Reader, name: str) -> int:
     """Return campaign ``name``'s id or raise :class:`NotFound`."""
-    found = campaign_id(connection, name)
+    found = campaign_id(reader, name)
     if found is None:
         raise NotFound(f"no campaign named {name!r}", details={"campaign": name})
     return found
 
 
-def checkpoint(connection: Connection, name: str) -> Checkpoint:
+def campaign_row(reader: Reader, cid: int) -> dict[str, Any]:
+    """Return campaign ``cid``'s row (without its id), datetimes as ISO text."""
+    row = reader.first(sql.CAMPAIGN, cid=cid)
+    assert row is not None  # the id was just read
+    return plain(row)
+
+
+def checkpoint(reader: Reader, name: str) -> Checkpoint:
     """Return campaign ``name``'s checkpoint (an empty one for an unknown campaign)."""
-    cid = campaign_id(connection, name)
+    cid = campaign_id(reader, name)
     if cid is None:
         return Checkpoint(None, None, None, None, {})
-    rows = connection.execute(
-        select(ROUNDS.c.round_index, ROUNDS.c.status)
-        .where(ROUNDS.c.campaign_id == cid)
-        .order_by(ROUNDS.c.round_index)
-    ).all()
-    statuses = {int(r.round_index): str(r.status) for r in rows}
+    statuses = {
+        int(r["round_index"]): str(r["status"]) for r in reader.all(sql.ROUND_STATUSES, cid=cid)
+    }
     completed = [i for i, s in statuses.items() if s == "completed"]
     if not completed:
         return Checkpoint(None, None, None, None, statuses)
     last = max(completed)
-    states = connection.execute(
-        select(ROUNDS.c.surrogate_state, ROUNDS.c.policy_state, ROUNDS.c.planner_state).where(
-            ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == last
-        )
-    ).one()
+    states = reader.first(sql.ROUND_STATES, cid=cid, index=last)
+    assert states is not None  # the round was just read
     return Checkpoint(
-        last, states.surrogate_state, states.policy_state, states.planner_state, statuses
+        last,
+        states["surrogate_state"],
+        states["policy_state"],
+        states["planner_state"],
+        statuses,
     )
 
 
-def approval(connection: Connection, key: str) -> ApprovalRow | None:
+def approval(reader: Reader, key: str) -> ApprovalRow | None:
     """Return approval ``key`` with every event, or None."""
-    row = connection.execute(
-        select(APPROVALS, CAMPAIGNS.c.name.label("campaign"))
-        .join(CAMPAIGNS, CAMPAIGNS.c.id == APPROVALS.c.campaign_id)
-        .where(APPROVALS.c.key == key)
-    ).one_or_none()
+    row = reader.first(sql.APPROVAL, key=key)
     if row is None:
         return None
-    events = connection.execute(
-        select(APPROVAL_EVENTS)
-        .where(APPROVAL_EVENTS.c.approval_id == row.id)
-        .order_by(APPROVAL_EVENTS.c.id)
-    ).all()
+    events = reader.all(sql.APPROVAL_EVENTS, approval=row["id"])
     return ApprovalRow(
-        key=row.key,
-        campaign=row.campaign,
-        round_index=row.round_index,
-        rule=row.rule,
-        approvers_allowed=list(row.approvers_allowed),
-        requested_at=utc(row.requested_at),  # type: ignore[arg-type]  # not null
-        description=row.description,
-        flow_run_id=row.flow_run_id,
-        decided_by=row.decided_by,
-        decision=row.decision,
-        comment=row.comment,
-        overrides=row.overrides,
-        decided_at=utc(row.decided_at),
+        key=row["key"],
+        campaign=row["campaign"],
+        round_index=row["round_index"],
+        rule=row["rule"],
+        approvers_allowed=list(row["approvers_allowed"]),
+        requested_at=row["requested_at"],
+        description=row["description"],
+        allocation_start=row["allocation_start"],
+        allocation_end=row["allocation_end"],
+        flow_run_id=row["flow_run_id"],
+        decided_by=row["decided_by"],
+        decision=row["decision"],
+        comment=row["comment"],
+        overrides=row["overrides"],
+        decided_at=row["decided_at"],
         events=tuple(
             ApprovalEventRecord(
-                decided_by=e.decided_by,
-                decision=e.decision,
-                comment=e.comment,
-                overrides=e.overrides,
-                allowed=bool(e.allowed),
-                settled=bool(e.settled),
-                recorded_at=utc(e.recorded_at),  # type: ignore[arg-type]  # not null
+                decided_by=e["decided_by"],
+                decision=e["decision"],
+                comment=e["comment"],
+                overrides=e["overrides"],
+                allowed=bool(e["allowed"]),
+                settled=bool(e["settled"]),
+                recorded_at=e["recorded_at"],
+                event_key=e["event_key"],
+                proof=e["proof"],
             )
             for e in events
         ),
     )
 
 
-def task_records(connection: Connection, batch_id: int) -> list[TaskResultRecord]:
-    rows = connection.execute(
-        select(TASK_RESULTS)
-        .where(TASK_RESULTS.c.batch_id == batch_id)
-        .order_by(TASK_RESULTS.c.task_index)
-    ).all()
+def task_records(reader: Reader, batch_id: int) -> list[TaskResultRecord]:
+    """Return a batch's task results, by index."""
     return [
         TaskResultRecord(
-            index=r.task_index,
-            key=r.key,
-            status=r.status,
-            value=r.value,
-            runtime=r.runtime,
-            host=r.host,
-            exit_code=r.exit_code,
-            stderr_tail=r.stderr_tail,
-            attempts=r.attempts,
-            error_code=r.error_code,
-            retries=r.retries,
-            candidate=r.candidate,
+            index=r["task_index"],
+            key=r["key"],
+            status=r["status"],
+            value=r["value"],
+            runtime=r["runtime"],
+            host=r["host"],
+            exit_code=r["exit_code"],
+            stderr_tail=r["stderr_tail"],
+            attempts=r["attempts"],
+            error_code=r["error_code"],
+            retries=r["retries"],
+            candidate=r["candidate"],
+            job_id=r["job_id"],
+            allocation_start=r["allocation_start"],
+            allocation_end=r["allocation_end"],
         )
-        for r in rows
+        for r in reader.all(sql.TASK_RESULTS, batch=batch_id)
     ]
 
 
-def finished_batch(connection: Connection, key: str) -> list[TaskResultRecord] | None:
+def finished_batch(reader: Reader, key: str) -> list[TaskResultRecord] | None:
     """Return batch ``key``'s results if it finished, else None."""
-    batch = connection.execute(
-        select(BATCHES.c.id, BATCHES.c.status).where(BATCHES.c.key == key)
-    ).one_or_none()
-    if batch is None or batch.status != "finished":
+    batch = reader.first(sql.BATCH_BY_KEY, key=key)
+    if batch is None or batch["status"] != "finished":
         return None
-    return task_records(connection, batch.id)
+    return task_records(reader, batch["id"])
 
 
-def campaigns(connection: Connection) -> list[dict[str, Any]]:
+def campaigns(reader: Reader) -> list[dict[str, Any]]:
     """Return one line per campaign, by name."""
-    rounds = (
-        select(ROUNDS.c.campaign_id, func.count().label("rounds"))
-        .group_by(ROUNDS.c.campaign_id)
-        .subquery()
-    )
-    rows = connection.execute(
-        select(
-            CAMPAIGNS.c.name,
-            CAMPAIGNS.c.status,
-            CAMPAIGNS.c.error_code,
-            CAMPAIGNS.c.site,
-            func.coalesce(rounds.c.rounds, 0).label("rounds"),
-            CAMPAIGNS.c.created_at,
-            CAMPAIGNS.c.updated_at,
-        )
-        .outerjoin(rounds, rounds.c.campaign_id == CAMPAIGNS.c.id)
-        .order_by(CAMPAIGNS.c.name)
-    ).all()
-    return [plain(r) for r in rows]
+    return [plain(r) for r in reader.all(sql.CAMPAIGNS)]
 
 
-def gate_calls(connection: Connection, cid: int, index: int) -> list[dict[str, Any]]:
+def gate_calls(reader: Reader, cid: int, index: int) -> list[dict[str, Any]]:
     """Return one round's gate calls by call index."""
-    rows = connection.execute(
-        select(GATE_CALLS)
-        .where(GATE_CALLS.c.campaign_id == cid, GATE_CALLS.c.round_index == index)
-        .order_by(GATE_CALLS.c.call_index)
-    ).all()
-    return [plain(r, drop=("campaign_id",)) for r in rows]
+    return [plain(r) for r in reader.all(sql.GATE_CALLS, cid=cid, index=index)]
 
 
-def attempts(connection: Connection, gate_call_id: int) -> list[dict[str, Any]]:
+def attempts(reader: Reader, gate_call_id: int) -> list[dict[str, Any]]:
     """Return a gate call's attempts by number."""
-    rows = connection.execute(
-        select(ATTEMPTS).where(ATTEMPTS.c.gate_call_id == gate_call_id).order_by(ATTEMPTS.c.number)
-    ).all()
-    return [plain(r, drop=("id", "gate_call_id")) for r in rows]
+    return [plain(r) for r in reader.all(sql.ATTEMPTS, call=gate_call_id)]
 
 
-def decisions(connection: Connection, cid: int, index: int) -> list[dict[str, Any]]:
+def decisions(reader: Reader, cid: int, index: int) -> list[dict[str, Any]]:
     """Return one round's policy decisions by seq."""
-    rows = connection.execute(
-        select(DECISIONS)
-        .where(DECISIONS.c.campaign_id == cid, DECISIONS.c.round_index == index)
-        .order_by(DECISIONS.c.seq)
-    ).all()
-    return [plain(r, drop=("id", "campaign_id", "round_index")) for r in rows]
+    return [plain(r) for r in reader.all(sql.DECISIONS, cid=cid, index=index)]
 
 
-def _round_counts(connection: Connection, cid: int) -> dict[int, dict[str, Any]]:
-    gc = GATE_CALLS.c
+def candidate_fates(reader: Reader, cid: int, index: int) -> list[dict[str, Any]]:
+    """Return what became of each candidate of one round, by gate call, source and index."""
+    return [plain(r) for r in reader.all(sql.FATES, cid=cid, index=index)]
+
+
+def allocations(reader: Reader, cid: int) -> list[dict[str, Any]]:
+    """Return campaign ``cid``'s allocation rows, oldest request first (times as ISO text)."""
+    return [plain(r) for r in reader.all(sql.ALLOCATIONS, cid=cid)]
+
+
+def _round_counts(reader: Reader, cid: int) -> dict[int, dict[str, Any]]:
     per_round: dict[int, dict[str, Any]] = {}
-    rows = connection.execute(
-        select(
-            gc.round_index,
-            gc.disposition,
-            func.count().label("n"),
-            func.sum(gc.attempts_used).label("used"),
-        )
-        .where(gc.campaign_id == cid)
-        .group_by(gc.round_index, gc.disposition)
-    ).all()
-    for r in rows:
-        entry = per_round.setdefault(int(r.round_index), {"dispositions": {}, "attempts": 0})
-        entry["dispositions"][r.disposition] = int(r.n)
-        if r.disposition != "pending":
-            entry["attempts"] += int(r.used or 0)
-    # Pending gate calls have not counted their attempts yet: count their rows. The
-    # few pending ids are fetched first so the count is an index range scan per call,
-    # whatever the planner's statistics say about a freshly loaded attempt table.
-    pending = dict(
-        connection.execute(
-            select(gc.id, gc.round_index).where(gc.campaign_id == cid, gc.disposition == "pending")
-        ).all()
-    )
-    if pending:
-        counts = connection.execute(
-            select(ATTEMPTS.c.gate_call_id, func.count().label("n"))
-            .where(ATTEMPTS.c.gate_call_id.in_(list(pending)))
-            .group_by(ATTEMPTS.c.gate_call_id)
-        ).all()
-        for r in counts:
-            index = int(pending[r.gate_call_id])
-            per_round.setdefault(index, {"dispositions": {}, "attempts": 0})
-            per_round[index]["attempts"] += int(r.n)
+    for r in reader.all(sql.DISPOSITIONS, cid=cid):
+        entry = per_round.setdefault(int(r["round_index"]), {"dispositions": {}, "attempts": 0})
+        entry["dispositions"][r["disposition"]] = int(r["n"])
+        if r["disposition"] != "pending":
+            entry["attempts"] += int(r["used"] or 0)
+    # Pending gate calls have not counted their attempts yet: count their rows, one
+    # index range scan per pending call (there are few), whatever the planner's
+    # statistics say about a freshly loaded attempt table.
+    for call in reader.all(sql.PENDING_CALLS, cid=cid):
+        index = int(call["round_index"])
+        per_round.setdefault(index, {"dispositions": {}, "attempts": 0})
+        per_round[index]["attempts"] += int(reader.scalars(sql.ATTEMPT_COUNT, call=call["id"])[0])
     return per_round
 
 
-def _best_result(connection: Connection, cid: int) -> dict[str, Any] | None:
-    tr, b = TASK_RESULTS.c, BATCHES.c
-    row = connection.execute(
-        select(
-            b.round_index,
-            b.key.label("batch"),
-            tr.task_index,
-            tr.key,
-            tr.objective,
-            tr.value,
-            tr.candidate,
-        )
-        .join(BATCHES, b.id == tr.batch_id)
-        .where(b.campaign_id == cid, tr.status == "done", tr.objective.is_not(None))
-        .order_by(tr.objective, b.round_index, tr.task_index)
-        .limit(1)
-    ).one_or_none()
-    return None if row is None else plain(row)
-
-
-def summary(connection: Connection, name: str) -> dict[str, Any]:
+def summary(reader: Reader, name: str) -> dict[str, Any]:
     """Return campaign ``name``'s summary: rounds, dispositions, approvals, best result."""
-    cid = require_campaign(connection, name)
-    campaign = plain(
-        connection.execute(select(CAMPAIGNS).where(CAMPAIGNS.c.id == cid)).one(), drop=("id",)
-    )
-    counts = _round_counts(connection, cid)
-    decided = {
-        int(r.round_index): r.outcome
-        for r in connection.execute(
-            select(DECISIONS.c.round_index, DECISIONS.c.outcome, DECISIONS.c.seq)
-            .where(DECISIONS.c.campaign_id == cid)
-            .order_by(DECISIONS.c.seq)
-        )
-    }
-    tr, b = TASK_RESULTS.c, BATCHES.c
+    cid = require_campaign(reader, name)
+    campaign = campaign_row(reader, cid)
+    counts = _round_counts(reader, cid)
+    decided = {int(r["round_index"]): r["outcome"] for r in reader.all(sql.OUTCOMES, cid=cid)}
     tasks = {
-        int(r.round_index): {"tasks": int(r.n), "done": int(r.done or 0), "best": r.best}
-        for r in connection.execute(
-            select(
-                b.round_index,
-                func.count(tr.id).label("n"),
-                func.sum(case((tr.status == "done", 1), else_=0)).label("done"),
-                func.min(case((tr.status == "done", tr.objective), else_=None)).label("best"),
-            )
-            .join(TASK_RESULTS, tr.batch_id == b.id)
-            .where(b.campaign_id == cid)
-            .group_by(b.round_index)
-        )
+        int(r["round_index"]): {
+            "tasks": int(r["n"] or 0),
+            "done": int(r["done"] or 0),
+            "best": r["best"],
+            "interruptions": int(r["interrupted"] or 0),
+        }
+        for r in reader.all(sql.ROUND_TASKS, cid=cid)
     }
-    approvals = [
-        plain(r)
-        for r in connection.execute(
-            select(
-                APPROVALS.c.round_index,
-                APPROVALS.c.key,
-                APPROVALS.c.rule,
-                APPROVALS.c.decision,
-                APPROVALS.c.decided_by,
-                APPROVALS.c.decided_at,
-            )
-            .where(APPROVALS.c.campaign_id == cid)
-            .order_by(APPROVALS.c.round_index, APPROVALS.c.id)
-        )
-    ]
+    approvals = [plain(r) for r in reader.all(sql.APPROVALS, cid=cid)]
+    verdicts: dict[int, str] = {}
+    for a in approvals:  # the round's last request decides what its suspend came to
+        verdicts[int(a["round_index"])] = a["decision"] or "pending"
     rounds = []
-    for r in connection.execute(
-        select(ROUNDS.c.round_index, ROUNDS.c.status, ROUNDS.c.started_at, ROUNDS.c.finished_at)
-        .where(ROUNDS.c.campaign_id == cid)
-        .order_by(ROUNDS.c.round_index)
-    ):
-        index = int(r.round_index)
+    for r in reader.all(sql.ROUNDS, cid=cid):
+        index = int(r["round_index"])
         entry = counts.get(index, {"dispositions": {}, "attempts": 0})
         rounds.append(
             {
                 "index": index,
-                "status": r.status,
-                "started_at": as_dict(r.started_at),
-                "finished_at": as_dict(r.finished_at),
+                "status": r["status"],
+                "started_at": as_dict(r["started_at"]),
+                "finished_at": as_dict(r["finished_at"]),
                 "gate_calls": sum(entry["dispositions"].values()),
                 "dispositions": entry["dispositions"],
                 "attempts": entry["attempts"],
-                "decision": decided.get(index),
-                **tasks.get(index, {"tasks": 0, "done": 0, "best": None}),
+                "decision": _with_verdict(decided.get(index), verdicts.get(index)),
+                **tasks.get(index, {"tasks": 0, "done": 0, "best": None, "interruptions": 0}),
             }
         )
     totals: dict[str, int] = {}
@@ -343,6 +235,7 @@ def summary(connection: Connection, name: str) -> dict[str, Any]:
             totals[disposition] = totals.get(disposition, 0) + n
     finished = sum(n for d, n in totals.items() if d != "pending")
     attempts_total = sum(e["attempts"] for e in counts.values())
+    best = reader.first(sql.BEST_RESULT, cid=cid)
     return {
         "campaign": campaign,
         "rounds": rounds,
@@ -359,46 +252,104 @@ def summary(connection: Connection, name: str) -> dict[str, Any]:
             "fallbacks": totals.get("fallback", 0),
         },
         "approvals": approvals,
-        "best_result": _best_result(connection, cid),
+        "best_result": None if best is None else plain(best),
     }
 
 
-def round_view(connection: Connection, name: str, index: int) -> dict[str, Any]:
+def round_view(reader: Reader, name: str, index: int) -> dict[str, Any]:
     """Return one round in full: gate calls with attempts, decisions, approvals, batches."""
-    cid = require_campaign(connection, name)
-    row = connection.execute(
-        select(ROUNDS).where(ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == index)
-    ).one_or_none()
+    cid = require_campaign(reader, name)
+    row = reader.first(sql.ROUND, cid=cid, index=index)
     if row is None:
         raise NotFound(
             f"campaign {name!r} has no round {index}", details={"campaign": name, "round": index}
         )
-    calls = gate_calls(connection, cid, index)
+    calls = gate_calls(reader, cid, index)
     for call in calls:
-        call["attempts"] = attempts(connection, call["id"])
-    keys = (
-        connection.execute(
-            select(APPROVALS.c.key)
-            .where(APPROVALS.c.campaign_id == cid, APPROVALS.c.round_index == index)
-            .order_by(APPROVALS.c.id)
-        )
-        .scalars()
-        .all()
-    )
+        call["attempts"] = attempts(reader, call["id"])
+    keys = reader.scalars(sql.ROUND_APPROVAL_KEYS, cid=cid, index=index)
     batches = []
-    for batch in connection.execute(
-        select(BATCHES)
-        .where(BATCHES.c.campaign_id == cid, BATCHES.c.round_index == index)
-        .order_by(BATCHES.c.id)
-    ):
+    for batch in reader.all(sql.ROUND_BATCHES, cid=cid, index=index):
         entry = plain(batch, drop=("id", "campaign_id", "round_index"))
-        entry["results"] = as_dict(task_records(connection, batch.id))
+        entry["results"] = as_dict(task_records(reader, batch["id"]))
         batches.append(entry)
     return {
         "campaign": name,
-        "round": plain(row, drop=("id", "campaign_id")),
+        "round": plain(row),
         "gate_calls": calls,
-        "decisions": decisions(connection, cid, index),
-        "approvals": [as_dict(approval(connection, k)) for k in keys],
+        "decisions": decisions(reader, cid, index),
+        "approvals": [as_dict(approval(reader, k)) for k in keys],
         "batches": batches,
+        "candidates": candidate_fates(reader, cid, index),
     }
+
+
+def _with_verdict(outcome: str | None, verdict: str | None) -> str | None:
+    """Return a round's last policy outcome, with the approval's verdict after a suspend."""
+    if outcome == "suspend" and verdict is not None:
+        return f"suspend: {verdict}"
+    return outcome
+
+
+class StoreReads:
+    """The read methods every store has: the full store and the light SQLite reader.
+
+    A subclass says how to get a :class:`Reader` (:meth:`reading`) and how to
+    :meth:`close`; every method runs the same queries, within one read transaction.
+    """
+
+    location: Location
+
+    def close(self) -> None:
+        """Release the connection(s)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def reading(self) -> contextlib.AbstractContextManager[Reader]:
+        """Return a context that yields a reader inside one read transaction."""
+        raise NotImplementedError
+
+    def campaigns(self) -> list[dict[str, Any]]:
+        """Return every campaign's name, status, error code, site and round count."""
+        with self.reading() as reader:
+            return campaigns(reader)
+
+    def summary(self, name: str) -> dict[str, Any]:
+        """Return campaign ``name``'s summary (rounds, dispositions, approvals, best result)."""
+        with self.reading() as reader:
+            return summary(reader, name)
+
+    def round_view(self, name: str, index: int) -> dict[str, Any]:
+        """Return everything recorded for one round of campaign ``name``."""
+        with self.reading() as reader:
+            return round_view(reader, name, index)
+
+    def gate_calls(self, name: str, index: int) -> list[dict[str, Any]]:
+        """Return round ``index``'s gate calls, by call index (without attempts)."""
+        with self.reading() as reader:
+            return gate_calls(reader, require_campaign(reader, name), index)
+
+    def attempts(self, gate_call_id: int) -> list[dict[str, Any]]:
+        """Return a gate call's attempts, by number, with verdicts and scores."""
+        with self.reading() as reader:
+            return attempts(reader, gate_call_id)
+
+    def decisions(self, name: str, index: int) -> list[dict[str, Any]]:
+        """Return round ``index``'s policy decisions, by seq."""
+        with self.reading() as reader:
+            return decisions(reader, require_campaign(reader, name), index)
+
+    def find_approval(self, key: str) -> ApprovalRow | None:
+        """Return approval ``key`` (with every event), or None."""
+        with self.reading() as reader:
+            return approval(reader, key)
+
+    def allocations(self, campaign: str) -> list[dict[str, Any]]:
+        """Return the campaign's allocations, oldest request first (times as ISO text)."""
+        with self.reading() as reader:
+            return allocations(reader, require_campaign(reader, campaign))

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic_core import to_json
-
 TASK_RESULT_FIELDS = (
     "index",
     "key",
@@ -28,6 +26,7 @@ TASK_RESULT_FIELDS = (
     "attempts",
     "error_code",
     "retries",
+    "job_id",
 )
 
 
@@ -47,6 +46,23 @@ class Checkpoint:
 
 
 @dataclasses.dataclass(frozen=True)
+class CandidateFateRecord:
+    """What became of one candidate of a gate call (``fate`` one of CANDIDATE_FATES).
+
+    ``source`` is ``proposal`` (the batch the gate returned) or ``fallback``;
+    ``index`` is the candidate's position there.
+    """
+
+    source: str
+    index: int
+    candidate: list[float]
+    fate: str
+    rule: str | None = None
+    actor: str | None = None
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class ApprovalEventRecord:
     """One decision attempt on an approval (``allowed`` False: a refused approver)."""
 
@@ -57,6 +73,8 @@ class ApprovalEventRecord:
     allowed: bool
     settled: bool
     recorded_at: datetime
+    event_key: str | None = None  # the pause key the answer came in on
+    proof: str | None = None  # "totp ok", "totp failed", ... (None: no proof was asked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +88,8 @@ class ApprovalRow:
     approvers_allowed: list[str]
     requested_at: datetime
     description: str | None
+    allocation_start: datetime | None
+    allocation_end: datetime | None
     flow_run_id: str | None
     decided_by: str | None
     decision: str | None
@@ -100,6 +120,9 @@ class TaskResultRecord:
     error_code: str | None
     retries: Any
     candidate: Any = None
+    job_id: str | None = None
+    allocation_start: datetime | None = None
+    allocation_end: datetime | None = None
 
 
 def utc(moment: datetime | None) -> datetime | None:
@@ -144,6 +167,8 @@ def _finite(value: Any) -> Any:
 
 def json_text(value: Any) -> str:
     """Serialise ``value`` as strict JSON text (the engines' JSON column serializer)."""
+    from pydantic_core import to_json  # writers only: the read path never loads it
+
     return to_json(value, inf_nan_mode="strings", fallback=_json_default).decode()
 
 

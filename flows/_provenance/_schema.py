@@ -3,18 +3,20 @@
 One campaign has rounds; a round has gate calls (more than one after a policy
 Retry), each gate call has attempts; a round also has policy decisions,
 approvals (with every decision attempt in ``approval_event``) and batches, and
-a batch has task results. Rows are addressed by natural keys (campaign name,
+a batch has task results. A campaign also has the batch allocations its
+workers ran in (one row per scheduler job: requested, started, ended, why).
+Rows are addressed by natural keys (campaign name,
 round index, call index, attempt number, batch key, ...) so that recording the
 same event twice after a crash finds the row that is already there. The
 non-unique ``ix_*`` indexes serve the reads of ``unattended inspect``
-(revision 0002 adds them).
+(revision 0002 adds them; revision 0006 adds allocations and the task's job).
 
 This module is the shape of the head revision; the migrations in
-``flows/_migrations/versions`` are what builds it in a database.
+``flows/_provenance/_migrations/versions`` are what builds it in a database.
 """
 
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias, get_args
 
 from sqlalchemy import (
     JSON,
@@ -22,25 +24,42 @@ from sqlalchemy import (
     DateTime,
     ForeignKeyConstraint,
     Index,
+    MetaData,
     Table,
     Text,
     UniqueConstraint,
 )
 from sqlmodel import Field, SQLModel
 
-CAMPAIGN_STATUSES: Final = (
+# A campaign's (and a round's) status. A stopped run is blocked, escalated or failed,
+# always with a stable error code beside it.
+CampaignStatus: TypeAlias = Literal[
     "running",
     "completed",
     "blocked",
     "escalated",
     "awaiting_approval",
     "failed",
-)
+]
+CAMPAIGN_STATUSES: Final[tuple[CampaignStatus, ...]] = get_args(CampaignStatus)
 ROUND_STATUSES: Final = CAMPAIGN_STATUSES
 DISPOSITIONS: Final = ("pending", "accepted", "fallback", "not_accepted")
 APPROVAL_DECISIONS: Final = ("approved", "rejected", "timeout", "not_allowed")
 BATCH_STATUSES: Final = ("launched", "finished")
-TASK_STATUSES: Final = ("done", "failed", "timeout", "cancelled")
+TASK_STATUSES: Final = ("done", "failed", "timeout", "cancelled", "interrupted")
+# What became of one candidate of a gate call (see CandidateFateRow).
+CANDIDATE_FATES: Final = ("launched", "refused", "struck", "skipped")
+CANDIDATE_SOURCES: Final = ("proposal", "fallback")
+ALLOCATION_END_REASONS: Final = (
+    "completed",
+    "timeout",
+    "cancelled",
+    "node_fail",
+    "preempted",
+    "failed",
+    "unknown",
+    "released",
+)
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -188,6 +207,10 @@ class Approval(SQLModel, table=True):
     approvers_allowed: list[str] = Field(sa_type=JSON)
     requested_at: datetime = Field(sa_type=_TS)
     description: str | None = Field(default=None, sa_type=Text)
+    # The batch allocation's window as the requesting process saw it (revision 0003):
+    # the approval deadline stops short of its end, on every replay and in the watchdog.
+    allocation_start: datetime | None = Field(default=None, sa_type=_TS)
+    allocation_end: datetime | None = Field(default=None, sa_type=_TS)
     flow_run_id: str | None = None
     decided_by: str | None = None
     decision: str | None = None
@@ -216,6 +239,8 @@ class ApprovalEvent(SQLModel, table=True):
     allowed: bool
     settled: bool
     recorded_at: datetime = Field(sa_type=_TS)
+    # How the approver proved who they are ("totp ok", "totp failed", ...); never the code.
+    proof: str | None = None
 
 
 class Batch(SQLModel, table=True):
@@ -237,13 +262,17 @@ class Batch(SQLModel, table=True):
     launched_at: datetime = Field(sa_type=_TS)
     finished_at: datetime | None = Field(default=None, sa_type=_TS)
     status: str = "launched"
+    # 0 for the round's batch; n for the n-th relaunch of its interrupted candidates.
+    relaunch: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class TaskResultRow(SQLModel, table=True):
     """What one simulation task of a batch came back with.
 
     ``objective`` is the numeric value (the value itself, or its ``"objective"``
-    or ``"value"`` field), kept so "best result" is one indexed query.
+    or ``"value"`` field), kept so "best result" is one indexed query. ``host`` is
+    the node the task ran on; ``job_id`` the scheduler job (allocation) and
+    ``allocation_start``/``allocation_end`` that job's start and planned end.
     """
 
     __tablename__ = "task_result"
@@ -268,9 +297,154 @@ class TaskResultRow(SQLModel, table=True):
     attempts: int = 1
     error_code: str | None = None
     retries: Any | None = Field(default=None, sa_type=JSON)
+    job_id: str | None = None
+    allocation_start: datetime | None = Field(default=None, sa_type=_TS)
+    allocation_end: datetime | None = Field(default=None, sa_type=_TS)
+
+
+class Allocation(SQLModel, table=True):
+    """One batch job that carried a campaign's workers: asked for, started, ended, and why.
+
+    ``request`` numbers the campaign's requests from 1 (jobs of one request share
+    it). ``ends_at`` is the planned end (start + walltime); ``ended_at`` the real one;
+    ``end_reason`` one of ``ALLOCATION_END_REASONS`` (``released``: the campaign let it
+    go). ``state``/``reason`` are the scheduler's words as last seen
+    (``PENDING``/``Resources``).
+    """
+
+    __tablename__ = "allocation"
+    __table_args__ = (
+        UniqueConstraint("campaign_id", "job_id", name="uq_allocation_job"),
+        Index("ix_allocation_campaign_request", "campaign_id", "request"),
+        CheckConstraint(
+            "end_reason IS NULL OR " + _in("end_reason", ALLOCATION_END_REASONS),
+            name="ck_allocation_end_reason",
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int = Field(foreign_key="campaign.id", ondelete="CASCADE")
+    job_id: str
+    request: int
+    state: str
+    reason: str | None = None
+    nodes: list[str] = Field(sa_type=JSON)
+    node_count: int = 0
+    requested_at: datetime = Field(sa_type=_TS)
+    started_at: datetime | None = Field(default=None, sa_type=_TS)
+    ends_at: datetime | None = Field(default=None, sa_type=_TS)
+    ended_at: datetime | None = Field(default=None, sa_type=_TS)
+    end_reason: str | None = None
+    updated_at: datetime = Field(sa_type=_TS)
+
+
+class CampaignLease(SQLModel, table=True):
+    """Which run may act for a campaign now: one row per campaign (revision 0004).
+
+    A run takes it at start (``owner`` is its flow-run id, ``token`` its process),
+    renews ``heartbeat_at``/``expires_at`` while alive, and every write checks it in
+    its own transaction, so a run that lost it records nothing more.
+    """
+
+    __tablename__ = "campaign_lease"
+
+    campaign_id: int = Field(foreign_key="campaign.id", ondelete="CASCADE", primary_key=True)
+    owner: str
+    token: str
+    host: str
+    pid: int
+    acquired_at: datetime = Field(sa_type=_TS)
+    heartbeat_at: datetime = Field(sa_type=_TS)
+    expires_at: datetime = Field(sa_type=_TS)
+    released: bool = False
+
+
+class InputPin(SQLModel, table=True):
+    """The content hash of one input the spec names, per input revision (revision 0004)."""
+
+    __tablename__ = "input_pin"
+    __table_args__ = (UniqueConstraint("campaign_id", "revision", "name", name="uq_input_pin"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int = Field(foreign_key="campaign.id", ondelete="CASCADE")
+    revision: int
+    name: str
+    file: str | None = Field(default=None, sa_type=Text)
+    sha256: str
+    recorded_at: datetime = Field(sa_type=_TS)
+
+
+class CampaignEvent(SQLModel, table=True):
+    """Something that happened to the campaign outside its rounds (revision 0004).
+
+    Kinds: ``fenced_out``, ``inputs_pinned``, ``inputs_revised``, ``spec_changed``,
+    ``decision_mismatch``, ``orphan_crashed``, ``continued``.
+    """
+
+    __tablename__ = "campaign_event"
+    __table_args__ = (Index("ix_campaign_event_campaign", "campaign_id", "kind"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int = Field(foreign_key="campaign.id", ondelete="CASCADE")
+    kind: str
+    flow_run_id: str | None = None
+    actor: str | None = None
+    details: Any | None = Field(default=None, sa_type=JSON)
+    recorded_at: datetime = Field(sa_type=_TS)
+
+
+class CandidateFateRow(SQLModel, table=True):
+    """What became of one candidate of a gate call, and why.
+
+    ``source`` says whose candidate it is: the proposed batch, or the fallback
+    (when a thinned batch was topped up from it, or a timed-out approval ran it);
+    ``candidate_index`` is its position there. ``rule`` names the refusing rule,
+    ``actor`` the approver who struck it; ``reason`` says why in words.
+    """
+
+    __tablename__ = "candidate_fate"
+    __table_args__ = (
+        UniqueConstraint(
+            "campaign_id",
+            "round_index",
+            "call_index",
+            "source",
+            "candidate_index",
+            name="uq_candidate_fate",
+        ),
+        _round_fk("candidate_fate"),
+        CheckConstraint(_in("fate", CANDIDATE_FATES), name="ck_candidate_fate"),
+        CheckConstraint(_in("source", CANDIDATE_SOURCES), name="ck_candidate_fate_source"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int
+    round_index: int
+    call_index: int
+    source: str
+    candidate_index: int
+    candidate: Any | None = Field(default=None, sa_type=JSON)
+    fate: str
+    rule: str | None = None
+    actor: str | None = None
+    reason: str | None = Field(default=None, sa_type=Text)
+    recorded_at: datetime = Field(sa_type=_TS)
 
 
 metadata = SQLModel.metadata
+
+
+def provenance_tables() -> MetaData:
+    """Return a metadata holding exactly this module's tables.
+
+    ``SQLModel.metadata`` is shared by every table model in the process (a user's
+    own included), so the head schema is built from a copy of ours only.
+    """
+    mine = MetaData()
+    for model in SQLModel.__subclasses__():
+        if model.__module__ == __name__ and hasattr(model, "__table__"):
+            table(model).to_metadata(mine)
+    return mine
 
 
 def table(model: type[SQLModel]) -> Table:

@@ -8,37 +8,49 @@ checkpoint back with :meth:`ProvenanceStore.load_checkpoint`.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, select, update
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from flows._provenance import _readers as readers
+from flows._provenance._allocation_writes import AllocationWrites
 from flows._provenance._batch_writes import ApprovalAndBatchWrites
 from flows._provenance._engines import open_engine, resolve
-from flows._provenance._errors import ProvenanceDatabaseError
+from flows._provenance._errors import ProvenanceDatabaseError, StorageUnavailable
 from flows._provenance._gate_writes import GateWrites
+from flows._provenance._lease import LeaseAndInputWrites
+from flows._provenance._locations import Location
 from flows._provenance._migrate import check_readable, upgrade
+from flows._provenance._readers import StoreReads
 from flows._provenance._rows import Checkpoint, jsonable, now
 from flows._provenance._schema import CAMPAIGN_STATUSES, ROUND_STATUSES
+from flows._provenance._sql import AlchemyReader
 from flows._provenance._writes import (
     CAMPAIGNS,
     ROUNDS,
     check_choice,
     ensure_round,
-    in_transaction,
     insert_ignore,
+    is_storage_fault,
+    is_transient,
 )
 from policies import SpecInvalid
 
 
-class ProvenanceStore(GateWrites, ApprovalAndBatchWrites):
+class ProvenanceStore(
+    StoreReads, GateWrites, ApprovalAndBatchWrites, LeaseAndInputWrites, AllocationWrites
+):
     """Record a campaign's provenance in SQLite or PostgreSQL, and read it back.
 
     Open it with :meth:`open`. Writes are transactional per event and idempotent
-    on each row's natural key; readers return frozen rows from ``_rows``.
+    on each row's natural key; the readers (:class:`StoreReads`: ``summary``,
+    ``round_view``, ...) run the SQL of ``_queries`` on the engine's connection and
+    return frozen rows from ``_rows`` or JSON-ready dicts.
     """
 
     @classmethod
@@ -60,11 +72,17 @@ class ProvenanceStore(GateWrites, ApprovalAndBatchWrites):
                 with engine.connect() as connection:
                     check_readable(connection, location)
             else:
-                upgrade(engine, location)
+                _upgrade_when_free(engine, location)
         except DatabaseError as exc:
             engine.dispose()
             if location.path is None:
                 raise  # a server problem (down, refused) is not a broken file
+            if isinstance(exc, OperationalError) and is_storage_fault(exc):
+                raise StorageUnavailable(
+                    f"cannot write provenance database {location.label}: the disk is full "
+                    "or the directory is read-only",
+                    details={"path": location.label},
+                ) from None
             reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
             raise ProvenanceDatabaseError(
                 f"cannot use provenance database {location.label}: {reason or 'unreadable'}",
@@ -130,26 +148,47 @@ class ProvenanceStore(GateWrites, ApprovalAndBatchWrites):
                 )
             return int(row.id)
 
-        found = in_transaction(self.engine, work)
+        found = self._write(work)
         self._campaign_ids[name] = found
         return found
 
-    def set_campaign_status(self, name: str, status: str, error_code: str | None = None) -> None:
-        """Set the campaign's status (and the stable error code of a stopped run)."""
+    def set_campaign_status(
+        self,
+        name: str,
+        status: str,
+        error_code: str | None = None,
+        *,
+        round_index: int | None = None,
+    ) -> None:
+        """Set the campaign's status (and the stable error code of a stopped run).
+
+        With ``round_index`` that round gets the same status in the same transaction
+        (a stopped round is finished then), so ``inspect`` never shows a round still
+        ``running`` under a campaign that stopped or waits.
+        """
         check_choice(status, CAMPAIGN_STATUSES, "status")
 
         def work(connection: Connection) -> None:
+            cid = self._id(connection, name)
+            moment = now()
             connection.execute(
                 update(CAMPAIGNS)
-                .where(CAMPAIGNS.c.id == self._id(connection, name))
-                .values(status=status, error_code=error_code, updated_at=now())
+                .where(CAMPAIGNS.c.id == cid)
+                .values(status=status, error_code=error_code, updated_at=moment)
             )
+            if round_index is not None:
+                stopped = status in ("blocked", "escalated", "failed", "completed")
+                connection.execute(
+                    update(ROUNDS)
+                    .where(ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == round_index)
+                    .values(status=status, finished_at=moment if stopped else None)
+                )
 
-        in_transaction(self.engine, work)
+        self._write(work)
 
     def start_round(self, name: str, index: int) -> None:
         """Record round ``index`` as running; a round already recorded is left as it is."""
-        in_transaction(self.engine, lambda c: ensure_round(c, self._id(c, name), index))
+        self._write(lambda c: ensure_round(c, self._id(c, name), index))
 
     def checkpoint_round(
         self,
@@ -183,41 +222,34 @@ class ProvenanceStore(GateWrites, ApprovalAndBatchWrites):
                 update(CAMPAIGNS).where(CAMPAIGNS.c.id == cid).values(updated_at=moment)
             )
 
-        in_transaction(self.engine, work)
+        self._write(work)
 
     def load_checkpoint(self, name: str) -> Checkpoint:
         """Return where campaign ``name`` stands; an unknown campaign has done nothing yet."""
-        with self.engine.connect() as connection:
-            return readers.checkpoint(connection, name)
+        with self.reading() as reader:
+            return readers.checkpoint(reader, name)
 
-    # -- readers ----------------------------------------------------------------------
-
-    def campaigns(self) -> list[dict[str, Any]]:
-        """Return every campaign's name, status, error code, site and round count."""
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[AlchemyReader]:
+        """Yield a reader on one connection (one read transaction): the readers' queries."""
         with self.engine.connect() as connection:
-            return readers.campaigns(connection)
+            yield AlchemyReader(connection)
 
-    def summary(self, name: str) -> dict[str, Any]:
-        """Return campaign ``name``'s summary (rounds, dispositions, approvals, best result)."""
-        with self.engine.connect() as connection:
-            return readers.summary(connection, name)
 
-    def round_view(self, name: str, index: int) -> dict[str, Any]:
-        """Return everything recorded for one round of campaign ``name``."""
-        with self.engine.connect() as connection:
-            return readers.round_view(connection, name, index)
+# SQLite can answer "database is locked" at once, without waiting out the busy timeout,
+# while several processes open a fresh file together (its switch to WAL); seen once in
+# eight processes at load 4. Opening again after a short pause then succeeds.
+_LOCKED_RETRIES = 5
 
-    def gate_calls(self, name: str, index: int) -> list[dict[str, Any]]:
-        """Return round ``index``'s gate calls, by call index (without attempts)."""
-        with self.engine.connect() as connection:
-            return readers.gate_calls(connection, readers.require_campaign(connection, name), index)
 
-    def attempts(self, gate_call_id: int) -> list[dict[str, Any]]:
-        """Return a gate call's attempts, by number, with verdicts and scores."""
-        with self.engine.connect() as connection:
-            return readers.attempts(connection, gate_call_id)
-
-    def decisions(self, name: str, index: int) -> list[dict[str, Any]]:
-        """Return round ``index``'s policy decisions, by seq."""
-        with self.engine.connect() as connection:
-            return readers.decisions(connection, readers.require_campaign(connection, name), index)
+def _upgrade_when_free(engine: Engine, location: Location) -> None:
+    """Upgrade to head, trying again a few times while another process holds a fresh file."""
+    for attempt in range(_LOCKED_RETRIES):
+        try:
+            upgrade(engine, location)
+            return
+        except OperationalError as exc:
+            locked = location.path is not None and is_transient(exc)  # SQLite busy/locked
+            if not locked or attempt == _LOCKED_RETRIES - 1:
+                raise
+            time.sleep(0.05 * 2**attempt)

@@ -3,22 +3,31 @@
 Every write is one transaction. Inserts are ``INSERT ... ON CONFLICT DO
 NOTHING`` on the row's natural key, so recording an event again after a crash
 or a replay leaves the row that is already there. SQLite lock contention and
-PostgreSQL serialization failures are retried with jittered backoff.
+PostgreSQL serialization failures are retried with jittered backoff. A full disk
+or a read-only directory is retried too, a bounded number of times with a longer
+backoff (``StorageRetry``), then raises ``StorageUnavailable``. A store that holds
+the campaign's lease (``StoreBase.fence``) checks it inside every write transaction,
+so a run that lost the lease records nothing more.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, select
 from sqlalchemy.exc import OperationalError
 
-from flows._provenance._engines import Location, begin_write
+from flows._provenance._engines import begin_write
+from flows._provenance._errors import CampaignFenced, StorageUnavailable
+from flows._provenance._locations import Location, is_storage_fault_message
 from flows._provenance._rows import now
-from flows._provenance._schema import Campaign, Round, table
+from flows._provenance._schema import Campaign, CampaignLease, Round, table
 from policies import NotFound, ValidationFailed
 
 T = TypeVar("T")
@@ -27,9 +36,46 @@ _MAX_TRIES = 12
 _PG_RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 CAMPAIGNS: Table = table(Campaign)
 ROUNDS: Table = table(Round)
+LEASES: Table = table(CampaignLease)
 
 
-def _is_transient(exc: OperationalError) -> bool:
+@dataclass(frozen=True)
+class StorageRetry:
+    """How often, and how patiently, a write refused by the file system is tried again.
+
+    Args:
+        tries: Attempts in all (1 means no retry), 1-50.
+        first_delay: Seconds before the second attempt; doubled each time, at most 30 s.
+    """
+
+    tries: int = 6
+    first_delay: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> StorageRetry:
+        """Read ``UNATTENDED_STORAGE_RETRIES`` and ``UNATTENDED_STORAGE_BACKOFF_SECONDS``."""
+        # Every write asks: build the settings once per distinct pair of values.
+        return _storage_retry(
+            env.get("UNATTENDED_STORAGE_RETRIES"), env.get("UNATTENDED_STORAGE_BACKOFF_SECONDS")
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _storage_retry(tries: str | None, backoff: str | None) -> StorageRetry:
+    from flows._settings import Settings
+
+    given = {"UNATTENDED_STORAGE_RETRIES": tries, "UNATTENDED_STORAGE_BACKOFF_SECONDS": backoff}
+    settings = Settings.from_env({k: v for k, v in given.items() if v is not None})
+    return StorageRetry(settings.storage_retries, settings.storage_backoff_seconds)
+
+
+def is_storage_fault(exc: OperationalError) -> bool:
+    """Return whether SQLite refused a write because of the disk or the directory."""
+    return is_storage_fault_message(str(exc.orig))
+
+
+def is_transient(exc: OperationalError) -> bool:
+    """Return whether a write failed on lock contention (SQLite busy, PostgreSQL conflicts)."""
     orig = exc.orig
     if getattr(orig, "sqlstate", None) in _PG_RETRY_STATES:
         return True
@@ -37,15 +83,29 @@ def _is_transient(exc: OperationalError) -> bool:
     return "database is locked" in message or "database is busy" in message
 
 
-def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
-    """Run ``work`` in one transaction, retrying it whole on lock contention."""
+def in_transaction(
+    engine: Engine, work: Callable[[Connection], T], retry: StorageRetry | None = None
+) -> T:
+    """Run ``work`` in one transaction, retrying it whole on lock contention or a disk fault."""
+    storage = retry or StorageRetry.from_env(os.environ)
     delay = 0.005
+    faults = 0
     for attempt in range(1, _MAX_TRIES + 1):
         try:
             with begin_write(engine) as connection:
                 return work(connection)
         except OperationalError as exc:
-            if attempt == _MAX_TRIES or not _is_transient(exc):
+            if is_storage_fault(exc) and storage.tries > 1:
+                faults += 1
+                if faults >= storage.tries:
+                    raise StorageUnavailable(
+                        f"the provenance database cannot be written after {faults} tries "
+                        f"({str(exc.orig).strip().splitlines()[0]})",
+                        details={"tries": faults},
+                    ) from None
+                time.sleep(min(storage.first_delay * 2 ** (faults - 1), 30.0))
+                continue
+            if attempt == _MAX_TRIES or not is_transient(exc):
                 raise
         # Jitter so the queued writers do not wake up together again.
         time.sleep(delay * (0.5 + random.random()))  # noqa: S311  # not cryptographic
@@ -92,14 +152,53 @@ def ensure_round(connection: Connection, campaign: int, index: int) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Fence:
+    """The lease a store's writes must still hold: campaign name and this process's token."""
+
+    campaign: str
+    token: str
+
+
+def check_fence(connection: Connection, campaign: int, fence: Fence) -> None:
+    """Raise :class:`CampaignFenced` unless ``fence`` still holds the campaign's lease."""
+    row = connection.execute(
+        select(LEASES.c.token, LEASES.c.owner, LEASES.c.released).where(
+            LEASES.c.campaign_id == campaign
+        )
+    ).first()
+    if row is None or row.token != fence.token or row.released:
+        holder = row.owner if row is not None else None
+        raise CampaignFenced(
+            f"campaign {fence.campaign!r}: this run no longer holds its lease "
+            f"(held by {holder or 'nobody'}); it records and launches nothing more",
+            details={"campaign": fence.campaign, "holder": holder},
+        )
+
+
 class StoreBase:
-    """What every group of the store's writes needs: the engine and campaign ids."""
+    """What every group of the store's writes needs: the engine, campaign ids, the fence."""
 
     def __init__(self, engine: Engine, location: Location, *, read_only: bool) -> None:
         self.engine = engine
         self.location = location
         self.read_only = read_only
         self._campaign_ids: dict[str, int] = {}
+        self.fence: Fence | None = None
+
+    def _write(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in one write transaction that first checks the fence, if any."""
+        fence = self.fence
+        # A store opened read-only is refused by design: say so at once.
+        retry = StorageRetry(tries=1) if self.read_only else None
+        if fence is None:
+            return in_transaction(self.engine, work, retry)
+
+        def fenced(connection: Connection) -> T:
+            check_fence(connection, self._id(connection, fence.campaign), fence)
+            return work(connection)
+
+        return in_transaction(self.engine, fenced, retry)
 
     def _id(self, connection: Connection, name: str) -> int:
         cached = self._campaign_ids.get(name)

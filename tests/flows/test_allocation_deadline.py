@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 
-from flows._approval import Approval, ApprovalRequest
-from flows._campaign_state import (
+from flows._engine._approval import ApprovalRequest, approval_deadline
+from flows._engine._campaign_state import (
     allocation_end,
-    allocation_note,
-    approval_deadline,
-    recorded_allocation_end,
     walltime_remaining,
 )
+from flows._prefect._approval_form import Approval
 from flows._spec import ApprovalsSpec
+from policies import SpecInvalid
 
 EPOCH_END = 1_800_000_000.0
 END = datetime.fromtimestamp(EPOCH_END, UTC)
@@ -37,9 +36,10 @@ class TestAllocationEnd:
     def test_reads_slurms_job_end_time(self):
         assert allocation_end({"SLURM_JOB_END_TIME": str(int(EPOCH_END))}) == END
 
-    def test_an_unparsable_value_is_skipped_for_the_next_variable(self):
+    def test_an_unparsable_value_is_refused_naming_the_variable(self):
         env = {"UNATTENDED_ALLOCATION_END": "soon", "SLURM_JOB_END_TIME": str(EPOCH_END)}
-        assert allocation_end(env) == END
+        with pytest.raises(SpecInvalid, match="UNATTENDED_ALLOCATION_END"):
+            allocation_end(env)
 
     def test_the_site_walltime_counts_from_the_jobs_start(self):
         env = {"SLURM_JOB_START_TIME": str(EPOCH_END - 7200)}
@@ -58,19 +58,6 @@ class TestAllocationEnd:
         assert walltime_remaining(env, now=EPOCH_END + 90) == 0.0
 
 
-class TestAllocationNote:
-    def test_round_trips_the_end_through_the_rows_description(self):
-        assert recorded_allocation_end(allocation_note(END)) == END
-
-    def test_no_end_records_no_note(self):
-        assert allocation_note(None) is None
-        assert recorded_allocation_end(None) is None
-
-    def test_any_other_description_carries_no_end(self):
-        assert recorded_allocation_end("a human note") is None
-        assert recorded_allocation_end("allocation ends never") is None
-
-
 class TestApprovalDeadline:
     approvals = ApprovalsSpec(timeout_minutes=60, allocation_margin_minutes=15)
 
@@ -80,17 +67,17 @@ class TestApprovalDeadline:
 
     def test_an_allocation_ending_first_bounds_it_by_its_end_minus_the_margin(self):
         end = REQUESTED + timedelta(minutes=40)
-        deadline = approval_deadline(REQUESTED, allocation_note(end), self.approvals)
+        deadline = approval_deadline(REQUESTED, end, self.approvals)
         assert deadline == end - timedelta(minutes=15)
 
     def test_an_allocation_ending_after_the_timeout_leaves_the_timeout(self):
         end = REQUESTED + timedelta(hours=10)
-        deadline = approval_deadline(REQUESTED, allocation_note(end), self.approvals)
+        deadline = approval_deadline(REQUESTED, end, self.approvals)
         assert deadline == REQUESTED + timedelta(minutes=60)
 
     def test_an_allocation_already_in_its_margin_times_out_at_once(self):
         end = REQUESTED + timedelta(minutes=5)
-        assert approval_deadline(REQUESTED, allocation_note(end), self.approvals) == REQUESTED
+        assert approval_deadline(REQUESTED, end, self.approvals) == REQUESTED
 
     def test_a_naive_requested_at_from_sqlite_is_read_as_utc(self):
         naive = REQUESTED.replace(tzinfo=None)
@@ -115,8 +102,8 @@ class Suspensions:
 
     async def ask(self, env: Mapping[str, str]) -> ApprovalRequest:
         """Run the engine from round 2 (as a resumed run would) until it suspends."""
-        from flows._campaign import open_store
-        from flows._round import CampaignEngine, Hooks
+        from flows._engine._round import CampaignEngine, Hooks
+        from flows._prefect._campaign import open_store
         from tasks import load_site
 
         async def suspend(request: ApprovalRequest, refused: int) -> Approval:
@@ -178,7 +165,7 @@ class TestEngineRecordsTheAllocationEnd:
         from prefect.client.schemas.objects import FlowRun
         from prefect.states import Suspended
 
-        from flows._service import pending_approval
+        from flows._prefect._service import pending_approval
 
         soon = datetime.now(UTC) + timedelta(minutes=30)
         request = await suspensions.ask({"UNATTENDED_ALLOCATION_END": str(soon.timestamp())})

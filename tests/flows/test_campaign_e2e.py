@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from flows._prefect._service import CampaignService, approve_run, read_run, submit_campaign
 from flows._provenance import ProvenanceStore
-from flows._service import CampaignService, approve_run, read_run, submit_campaign
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]
 

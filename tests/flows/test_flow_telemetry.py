@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flows._service import CampaignService, read_run, submit_campaign
+from flows._prefect._service import CampaignService, read_run, submit_campaign
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from acceptance import Attempt
-from flows._progress import CampaignProgress, RoundProgress, progress_lines, read_progress
+from flows._cli._progress import CampaignProgress, RoundProgress, progress_lines, read_progress
 from flows._provenance import ProvenanceStore
 from tasks import TaskResult
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from flows._cli import main
-from flows._server import (
+from flows._prefect._server import (
     ServerConfig,
     ServerError,
     ServerHandle,

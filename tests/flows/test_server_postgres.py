@@ -14,8 +14,8 @@ from prefect.deployments import run_deployment
 from prefect.flow_runs import asuspend_flow_run, resume_flow_run
 from prefect.input import RunInput
 
-from flows._runner import deploy_flow, drive_once, make_runner
-from flows._server import ServerHandle
+from flows._prefect._runner import deploy_flow, drive_once, make_runner
+from flows._prefect._server import ServerHandle
 
 pytestmark = [
     pytest.mark.integration,

@@ -71,14 +71,24 @@ MALFORMED = [
     ("objective.unknown", 1, "objective.unknown"),
     ("planner", _DELETE, "planner"),
     ("planner.kind", "oracle", "planner.kind"),
-    ("planner.kind", "scripted", "planner"),
-    ("planner.kind", "llm", "planner"),
+    ("planner.kind", "scripted", "planner.transcript"),
+    ("planner.kind", "llm", "planner.base_url"),
+    ("planner.transcript", "t.jsonl", "planner.transcript"),  # not a surrogate planner's
     ("planner.api_key_env", "lower case", "planner.api_key_env"),
     ("planner.timeout", 0, "planner.timeout"),
     ("approvals.timeout_minutes", 0, "approvals.timeout_minutes"),
     ("approvals.on_timeout", "pray", "approvals.on_timeout"),
     ("approvals.approvers", [""], "approvals.approvers.0"),
     ("surprise", True, "surprise"),
+    ("batch_size", True, "batch_size"),
+    ("rounds", "3", "rounds"),
+    ("budget_node_hours", True, "budget_node_hours"),
+    ("objective.verifier_limit", float("nan"), "objective.verifier_limit"),
+    ("objective.verifier_limit", float("inf"), "objective.verifier_limit"),
+    ("objective.verifier_limit", False, "objective.verifier_limit"),
+    ("objective.simulation", [], "objective.simulation"),
+    ("objective.simulation", [" "], "objective.simulation"),
+    ("allow_no_rules", "yes please", "allow_no_rules"),
 ]
 
 
@@ -99,6 +109,45 @@ class TestSpecFromDict:
         assert error.details["file"] == "campaign.toml"
         assert error.details["field"] == field
         assert f"'{field}'" in str(error)
+
+
+class TestEveryProblem:
+    def test_every_wrong_field_is_named_in_one_error(self):
+        data = with_change("batch_size", True)
+        data["rounds"] = 0
+        data["objective"]["verifier_limit"] = float("nan")
+        with pytest.raises(SpecInvalid) as caught:
+            spec_from_dict(data, source="campaign.toml")
+        message = str(caught.value)
+        assert message.startswith("3 problems: campaign.toml: field ")
+        for field in ("rounds", "batch_size", "objective.verifier_limit"):
+            assert f"field '{field}'" in message
+        assert caught.value.details["field"] == "rounds"
+
+    def test_a_missing_transcript_and_policy_are_both_named(self, tmp_path):
+        data = with_change("planner", {"kind": "scripted", "transcript": "gone.jsonl"})
+        data["policy"] = "gone.toml"
+        spec = tmp_path / "campaign.toml"
+        spec.write_text(tomli_w.dumps(data))
+        with pytest.raises(SpecInvalid) as caught:
+            load_campaign(spec)
+        fields = [p["field"] for p in caught.value.details["problems"]]
+        assert fields == ["planner.transcript", "policy"]
+
+
+class TestPlannerKinds:
+    def test_a_field_of_another_kind_is_refused_naming_it_and_the_kind(self):
+        planner = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+        with pytest.raises(SpecInvalid) as caught:
+            spec_from_dict(with_change("planner", {**planner, "transcript": "t.jsonl"}))
+        assert caught.value.details["field"] == "planner.transcript"
+        assert "not a field of the llm planner" in caught.value.message
+
+    def test_each_kind_loads_as_its_own_model(self):
+        llm = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+        spec = spec_from_dict(with_change("planner", llm))
+        assert type(spec.planner).__name__ == "LLMPlannerSpec"
+        assert spec.planner.timeout == 60.0
 
 
 class TestLoadCampaign:

@@ -30,8 +30,8 @@ from prefect.input import RunInput
 from prefect.runner import Runner
 from pydantic import Field
 
-from flows._runner import deploy_flow, drive_once, make_runner
-from flows._server import ServerHandle
+from flows._prefect._runner import deploy_flow, drive_once, make_runner
+from flows._prefect._server import ServerHandle
 
 pytestmark = [
     pytest.mark.integration,
@@ -200,6 +200,7 @@ class TestResumeEndpoint:
     ) -> None:
         response = httpx.post(
             f"{prefect_server.api_url}/flow_runs/{suspended_run.id}/resume",
+            auth=prefect_server.basic_auth,
             json={"run_input": {"approver": "ana", "decision": "approve"}},
         )
         body = response.json()
@@ -215,6 +216,7 @@ class TestResumeEndpoint:
     ) -> None:
         response = httpx.post(
             f"{prefect_server.api_url}/flow_runs/{shared_suspended_run.id}/resume",
+            auth=prefect_server.basic_auth,
             json={"run_input": {"comment": "no name given"}},
         )
         body = response.json()
@@ -232,6 +234,7 @@ class TestResumeEndpoint:
         drive_once(suspended_run.runner)
         response = httpx.post(
             f"{prefect_server.api_url}/flow_runs/{suspended_run.id}/resume",
+            auth=prefect_server.basic_auth,
             json={"run_input": {"approver": "ana"}},
         )
 
@@ -242,7 +245,7 @@ class TestResumeEndpoint:
 _RUNNER_SCRIPT = """
 import sys
 from prefect.flows import load_flow_from_entrypoint
-from flows._runner import serve
+from flows._prefect._runner import serve
 
 if __name__ == "__main__":  # the runner spawns flow runs with multiprocessing
     serve([load_flow_from_entrypoint(sys.argv[1])], deployment_name=sys.argv[2], by_module=False)

@@ -39,7 +39,7 @@ class TestDocsSite:
             "acceptance": "acceptance.accept",
             "policies": "policies.classify",
             "tasks": "tasks.AllocationExecutor",
-            "flows": "flows._campaign_state.approval_deadline",
+            "flows": "flows._engine._approval.approval_deadline",
         }
         for page, anchor in expected.items():
             html = (site / "reference" / page / "index.html").read_text()

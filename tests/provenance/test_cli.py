@@ -272,7 +272,7 @@ class TestImports:
     def test_the_store_and_the_cli_module_load_without_prefect_or_the_otel_sdk(self) -> None:
         code = (
             "import sys\n"
-            "import flows._cli_inspect, flows._provenance, flows._provenance._render\n"
+            "import flows._cli._inspect, flows._provenance, flows._cli._render\n"
             "print(sorted(m for m in ('prefect', 'opentelemetry.sdk') if m in sys.modules))\n"
         )
         done = subprocess.run(
@@ -287,8 +287,15 @@ class TestImports:
             "HEAD_REVISION",
             "ApprovalEventRecord",
             "ApprovalRow",
+            "CampaignFenced",
+            "CampaignStatus",
+            "CandidateFateRecord",
             "Checkpoint",
+            "DecisionMismatch",
+            "LeaseRow",
             "ProvenanceDatabaseError",
             "ProvenanceStore",
+            "SpecChanged",
+            "StorageUnavailable",
             "TaskResultRecord",
         ]

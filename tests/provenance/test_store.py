@@ -170,6 +170,19 @@ class TestGate:
             }
         ]
 
+    def test_a_verdicts_details_are_kept_with_it(self, store: Any) -> None:
+        call = self._call(store)
+        where = {"tasks": [{"index": 0, "job_id": "41", "host": "n1"}], "job_ids": ["41"]}
+        attempt = Attempt(
+            number=1,
+            value=1,
+            duration=0.1,
+            verdicts=(Verdict("verifier", True, None, 0.3, where),),
+        )
+        store.record_attempt(call, attempt)
+        (verdict,) = store.attempts(call)[0]["verdicts"]
+        assert verdict["details"] == where
+
     def test_recording_an_attempt_twice_leaves_one_row(self, store: Any) -> None:
         call = self._call(store)
         attempt = Attempt(number=1, value=1, duration=0.1)

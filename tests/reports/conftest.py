@@ -14,8 +14,10 @@ import asyncio
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,21 +57,16 @@ def _prepare(folder: Path) -> None:
     policy.write_text(policy.read_text() + SECOND_LOOK)
 
 
-async def _run(spec_path: Path, database: Path) -> None:
-    from flows._approval import Approval, ApprovalRequest
+async def run_engine(spec_path: Path, database: Path, answers: Iterator[Any]) -> Any:
+    """Run the campaign with the engine itself; approvals get the next of ``answers``."""
+    from flows._engine._approval import ApprovalRequest
+    from flows._engine._round import CampaignEngine, Hooks
+    from flows._engine._simulation import build_gate, build_run_batch
+    from flows._prefect._approval_form import Approval
     from flows._provenance import ProvenanceStore
-    from flows._round import CampaignEngine, Hooks
-    from flows._simulation import build_checks, build_run_batch
     from flows._spec import load_campaign
     from tasks._executor import AllocationExecutor
     from tasks._site import load_site
-
-    answers = iter(
-        [
-            Approval(decision="approve", approver="mallory", comment="not mine to give"),
-            Approval(decision="approve", approver="alice", comment="round 2 reviewed"),
-        ]
-    )
 
     async def suspend(request: ApprovalRequest, refused: int) -> Approval:
         return next(answers)
@@ -82,19 +79,39 @@ async def _run(spec_path: Path, database: Path) -> None:
             loaded.spec.name, spec=loaded.raw, site="local", seed=loaded.spec.seed, code_version="t"
         )
         async with AllocationExecutor.from_site(site) as executor:
+            checks, scores = build_gate(executor, loaded)
             engine = CampaignEngine(
                 loaded=loaded,
                 store=store,
                 run_batch=build_run_batch(executor, store, loaded),
                 node_hours_per_simulation=site.cost.node_hours_per_simulation,
-                checks=build_checks(executor, loaded),
+                checks=checks,
+                scores=scores,
                 hooks=Hooks(suspend=suspend),
                 env={},
             )
-            result = await engine.run()
-        assert result.status == "completed", result
+            return await engine.run()
     finally:
         store.close()
+
+
+async def _run(spec_path: Path, database: Path) -> None:
+    from flows._prefect._approval_form import Approval
+
+    answers = iter(
+        [
+            Approval(decision="approve", approver="mallory", comment="not mine to give"),
+            Approval(decision="approve", approver="alice", comment="round 2 reviewed"),
+        ]
+    )
+    result = await run_engine(spec_path, database, answers)
+    assert result.status == "completed", result
+
+
+@pytest.fixture(scope="session")
+def engine_runner() -> Any:
+    """Return ``run_engine``: a campaign run by the engine with scripted approval answers."""
+    return run_engine
 
 
 @pytest.fixture(scope="session")

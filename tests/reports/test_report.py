@@ -15,7 +15,7 @@ import pytest
 
 from flows._cli import main
 from flows._provenance import ProvenanceStore
-from flows._report import FIGURE_FILES, REPORT_FILE, collect
+from flows._report import FIGURE_FILES, REPORT_FILE, best_figure, collect
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,6 +84,45 @@ class TestReportEscaping:
         self, recorded_campaign: Any, collected: dict
     ) -> None:
         assert collected["rounds"][0]["rationale"] == recorded_campaign.planted
+
+
+class TestVerifierPrediction:
+    def test_every_accepted_attempt_records_the_verifier_prediction_as_a_score(
+        self, recorded_campaign: Any
+    ) -> None:
+        with ProvenanceStore.open(recorded_campaign.database, read_only=True) as store:
+            attempts = [
+                attempt
+                for index in range(4)
+                for call in store.gate_calls(recorded_campaign.name, index)
+                for attempt in store.attempts(call["id"])
+                if attempt["rejected_by"] is None
+            ]
+        assert attempts
+        for attempt in attempts:
+            prediction = attempt["scores"]["verifier_prediction"]
+            assert 0.0 <= prediction <= 25.0  # the demo's verifier_limit let it through
+
+    def test_the_report_shows_the_prediction_of_each_accepted_round(
+        self, collected: dict, report: tuple[Path, str]
+    ) -> None:
+        accepted = [r for r in collected["rounds"] if "accepted" in r["dispositions"]]
+        assert accepted
+        assert all(isinstance(r["verifier_prediction"], float) for r in accepted)
+        html = report[0].read_text()
+        assert "<th>verifier predicted</th>" in html
+        assert f"<td>{accepted[0]['verifier_prediction']:.6g}</td>" in html
+
+
+class TestBestFigure:
+    def test_plots_the_distance_to_the_best_on_a_symlog_scale(self, collected: dict) -> None:
+        figure = best_figure(collected["rounds"])
+        axes = figure.axes[0]
+        assert axes.get_yscale() == "symlog"
+        points = axes.lines[0].get_ydata()
+        best = collected["best_result"]["objective"]
+        assert list(points) == [r["best"] - best for r in collected["rounds"]]
+        assert min(points) == 0.0
 
 
 class TestReportData:
@@ -158,7 +197,7 @@ class TestReportBadInput:
         code = main(["report", "demo", "--db", db, "--output", str(output)])
         assert code == 2
         err = capsys.readouterr().err
-        assert err.startswith("unattended report: error:")
+        assert err.startswith("error:")
         assert "absent" in err
         assert not output.exists()
         assert not (tmp_path / "absent").exists()

@@ -12,9 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from flows._campaign import open_store, run_campaign
+from flows._engine._round import Hooks
 from flows._paths import campaign_dir
-from flows._round import Hooks
+from flows._prefect._campaign import open_store, run_campaign
 from flows._spec import load_campaign
 from flows._telemetry import configure_telemetry
 from tasks import load_site
@@ -35,7 +35,7 @@ async def main(spec: str, site_path: str, state_dir: str) -> str:
         loaded.spec.name, spec=loaded.raw, site=site.name, seed=loaded.spec.seed, code_version="t"
     )
     try:
-        result = await run_campaign(loaded, site, store, Hooks())
+        result = await run_campaign(loaded, site, store, Hooks(), env=os.environ)
     finally:
         telemetry.flush()
         store.close()

@@ -65,8 +65,27 @@ class TestCampaignTelemetry:
         assert {log.trace_id for log in evaluations} == {trace_id}
         attempt_ids = {s.span_id for s in receiver.spans if s.name == "accept.attempt planner"}
         assert {log.span_id for log in evaluations} <= attempt_ids
-        labels = {log.attributes["gen_ai.evaluation.score.label"] for log in evaluations}
+        labels = {
+            log.attributes.get("gen_ai.evaluation.score.label")
+            for log in evaluations
+            if "gen_ai.evaluation.score.value" not in log.attributes
+        }
         assert labels == {"pass", "fail"}  # the demo's transcript has rejections
+
+    def test_the_verifier_prediction_arrives_as_a_score_of_each_accepted_attempt(self, shipped):
+        scores = [
+            log
+            for log in shipped.receiver.logs
+            if log.event_name == "gen_ai.evaluation.result"
+            and "gen_ai.evaluation.score.value" in log.attributes
+        ]
+        assert scores
+        # The batch's highest prediction, and each candidate's (what candidate rules read).
+        assert {log.attributes["gen_ai.evaluation.name"] for log in scores} == {
+            "verifier_prediction",
+            *(f"verifier_prediction.{i}" for i in range(8)),
+        }
+        assert all(0.0 <= log.attributes["gen_ai.evaluation.score.value"] <= 25.0 for log in scores)
 
     def test_provenance_attempts_carry_their_spans_ids(self, shipped):
         receiver, directory = shipped.receiver, shipped.directory

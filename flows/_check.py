@@ -1,0 +1,180 @@
+"""Check a campaign before anything runs: ``unattended check``, and first in submit and run.
+
+Everything a submission needs is checked here, with no server and no Prefect:
+the spec and the files it names (transcript, policy), the policy's rules (a
+campaign with none must say so: ``allow_no_rules = true``), the site config, the
+simulation's program (found, a regular file, executable) and the round-0
+fallback batch. Every problem found is returned, each naming the file and the
+dotted field; :func:`require_valid` raises one error listing them all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from flows._engine._campaign_state import build_surrogate, derive_seed
+from flows._engine._simulation import simulation_argv
+from flows._paths import file_problem
+from flows._spec import LoadedSpec, Problem, is_site_path, problems_error, read_campaign
+from policies import FallbackUnavailable, SiteInvalid, SpecInvalid, load_policy
+from tasks import Bounds, SiteConfig, fallback_batch, load_site
+
+
+@dataclass(frozen=True)
+class CheckedCampaign:
+    """A campaign that passed every check, ready to submit."""
+
+    loaded: LoadedSpec
+    site: SiteConfig
+    site_location: str  # what the flow is given: a site name, or an absolute path
+    rules: int  # how many policy rules guard it
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What :func:`check_campaign` found: the campaign if it passed, and every problem."""
+
+    checked: CheckedCampaign | None
+    problems: list[Problem]
+    site_only: bool = False  # every problem is in the site config (or naming it)
+
+
+def check_campaign(
+    spec_path: str | Path, site: str | None = None, env: Mapping[str, str] | None = None
+) -> CheckReport:
+    """Check a campaign as ``submit`` would, without a server; return every problem found.
+
+    Args:
+        spec_path: The campaign's TOML file.
+        site: The ``--site`` option (a name or a path), overriding the spec's ``site``.
+        env: Variables for the site's ``${VAR}`` and the simulation's ``PATH``;
+            ``None`` means ``os.environ``.
+    """
+    environment = os.environ if env is None else env
+    loaded, problems = read_campaign(spec_path)
+    source = str(Path(spec_path).expanduser().resolve())
+    site_problems: list[Problem] = []
+    site_config, location = _site(loaded, source, site, environment, site_problems)
+    rules = 0
+    if loaded is not None:
+        rules = _rules(loaded, problems)
+        _simulation(loaded, environment, problems)
+        _fallback(loaded, problems)
+    if problems or site_problems or loaded is None or site_config is None or location is None:
+        return CheckReport(None, problems + site_problems, site_only=not problems)
+    return CheckReport(CheckedCampaign(loaded, site_config, location, rules), [])
+
+
+def require_valid(
+    spec_path: str | Path, site: str | None = None, env: Mapping[str, str] | None = None
+) -> CheckedCampaign:
+    """Return the checked campaign, or raise one error listing every problem.
+
+    Raises:
+        SiteInvalid: Only the site config is wrong.
+        SpecInvalid: Anything else is (the spec, a file it names, the simulation).
+    """
+    report = check_campaign(spec_path, site, env)
+    if report.checked is not None:
+        return report.checked
+    raise problems_error(report.problems, SiteInvalid if report.site_only else SpecInvalid)
+
+
+def _site(
+    loaded: LoadedSpec | None,
+    source: str,
+    option: str | None,
+    env: Mapping[str, str],
+    problems: list[Problem],
+) -> tuple[SiteConfig | None, str | None]:
+    """Load the site the campaign runs on (``--site``, else the spec's ``site``)."""
+    if option is not None:
+        where, field = "--site", None
+        location = str(Path(option).expanduser().resolve()) if is_site_path(option) else option
+    elif loaded is not None:
+        where, field = source, "site"
+        location = loaded.site_location()
+    else:
+        return None, None  # the spec did not load: its site field is unknown
+    if is_site_path(location):
+        why = file_problem(Path(location))
+        if why is not None:
+            problems.append(Problem(where, field or "--site", _named(where, field, location, why)))
+            return None, None
+    try:
+        return load_site(location, env=env), location
+    except SiteInvalid as exc:
+        file = exc.details.get("file")
+        if file:  # the site file's own problem: it names the file and its fields
+            problems.append(Problem(str(file), exc.details.get("field"), exc.message))
+        else:  # a name that is not found: name who named it
+            text = _named(where, field, None, exc.message)
+            problems.append(Problem(where, field or "--site", text))
+        return None, None
+
+
+def _named(where: str, field: str | None, path: str | None, message: str) -> str:
+    head = f"{where}: field '{field}'" if field else where
+    return f"{head}: {path}: {message}" if path else f"{head}: {message}"
+
+
+def _rules(loaded: LoadedSpec, problems: list[Problem]) -> int:
+    """Return how many rules guard the campaign; without any it must opt in."""
+    spec, source = loaded.spec, str(loaded.path)
+    policy_file = loaded.resolve(spec.policy) if spec.policy else None
+    if policy_file is not None and file_problem(policy_file) is not None:
+        return 0  # reported already (read_campaign), and /dev/zero must not be read
+    try:
+        count = len(load_policy(policy_file).rules) if policy_file else 0
+    except SpecInvalid:
+        return 0  # the broken policy file is reported already (read_campaign)
+    if count == 0 and not spec.allow_no_rules:
+        what = f"{policy_file} has no rules" if policy_file else "no policy file is given"
+        problems.append(
+            Problem.at(
+                source,
+                "policy",
+                f"{what}, so only the budget and the round count would stop the campaign; "
+                "add rules, or set allow_no_rules = true to run without any",
+            )
+        )
+    return count
+
+
+def _simulation(loaded: LoadedSpec, env: Mapping[str, str], problems: list[Problem]) -> None:
+    """Check that the simulation's program exists and is executable, as the login node sees it."""
+    program = simulation_argv(loaded)[0]
+    source, field = str(loaded.path), "objective.simulation"
+    if "/" not in program:
+        found = shutil.which(program, path=env.get("PATH", os.defpath))
+        if found is None:
+            problems.append(Problem.at(source, field, f"program {program!r} not found on PATH"))
+        return
+    path = Path(program).expanduser()
+    why = file_problem(path)
+    if why is not None:
+        problems.append(Problem.at(source, field, f"{path}: {why}"))
+    elif not os.access(path, os.X_OK):
+        problems.append(Problem.at(source, field, f"{path}: is not executable"))
+
+
+def _fallback(loaded: LoadedSpec, problems: list[Problem]) -> None:
+    """Build round 0's fallback batch: a campaign that has none stops before spending anything."""
+    spec = loaded.spec
+    bounds = Bounds(lower=tuple(spec.objective.lower), upper=tuple(spec.objective.upper))
+    try:
+        fallback_batch(build_surrogate(None), bounds, spec.batch_size, derive_seed(spec.seed, 0, 1))
+    except FallbackUnavailable as exc:
+        problems.append(
+            Problem.at(
+                str(loaded.path),
+                "batch_size",
+                f"no fallback batch of this size within the objective's bounds: {exc.message}",
+            )
+        )
+    except SpecInvalid as exc:  # pragma: no cover - the spec's own checks come first
+        problems.append(Problem.at(str(loaded.path), None, exc.message))

@@ -1,0 +1,236 @@
+"""``unattended check|submit|run|serve|status|approvals|approve``: campaigns from the login node.
+
+Registering imports nothing heavy. Handlers connect to the Prefect server first
+(``flows._prefect._connect``), then import Prefect. Exit codes: 0 completed (or done),
+1 failed, 2 bad input, 3 blocked, 4 escalated, 5 still waiting for approval, 6 an
+approval answer the flow refused (``approve``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the campaign commands to the CLI."""
+    check = subparsers.add_parser(
+        "check",
+        help="check a campaign as submit would (spec, files, site, simulation), no server needed",
+        description=(
+            "Check everything 'submit' and 'run' check, without a server: the spec, the "
+            "transcript and policy it names, the site config, the simulation's program and the "
+            "first fallback batch. Prints every problem found (file and field) and exits 2, "
+            "or exits 0."
+        ),
+    )
+    _spec_and_site(check)
+    check.set_defaults(handler=_check)
+
+    run = subparsers.add_parser(
+        "run",
+        help="run a campaign on the embedded default: start what is missing, submit, follow",
+        description=(
+            "Start the local Prefect server and the runner if they are not running, submit the "
+            "campaign, and follow it until it ends, printing how to approve when it waits. "
+            "Ctrl-C stops following; the campaign goes on and 'unattended run' follows it again. "
+            "A campaign is its name: running a completed one again runs nothing and shows its "
+            "stored record; to start afresh, give the spec a new name."
+        ),
+    )
+    _spec_and_site(run)
+    run.add_argument(
+        "--no-wait", action="store_true", help="return when the run waits for approval"
+    )
+    run.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="accept inputs that differ from the pinned ones (recorded as a new input revision)",
+    )
+    run.set_defaults(handler=_run)
+
+    submit = subparsers.add_parser(
+        "submit", help="validate a campaign, register its deployment, start a run, return"
+    )
+    _spec_and_site(submit)
+    submit.add_argument("--follow", action="store_true", help="follow the run until it ends")
+    submit.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="accept inputs that differ from the pinned ones (recorded as a new input revision)",
+    )
+    submit.set_defaults(handler=_submit)
+
+    serve = subparsers.add_parser(
+        "serve", help="run the login node's runner: execute campaign runs, expire approvals"
+    )
+    serve.add_argument("--query-seconds", type=float, default=1.0, help="polling interval (s)")
+    serve.add_argument(
+        "--detach",
+        action="store_true",
+        help="start in the background and return; does nothing if a runner already serves "
+        "(safe from cron or scrontab)",
+    )
+    serve.add_argument("--stop", action="store_true", help="stop the background runner")
+    serve.set_defaults(handler=_serve)
+
+    status = subparsers.add_parser("status", help="list campaign runs, or show one")
+    status.add_argument("run", nargs="?", help="a flow run id")
+    status.set_defaults(handler=_status)
+
+    approvals = subparsers.add_parser("approvals", help="list runs waiting for approval")
+    approvals.set_defaults(handler=_approvals)
+
+    approve = subparsers.add_parser(
+        "approve", help="answer an approval request (the same resume API as the UI's form)"
+    )
+    approve.add_argument("run", help="the suspended flow run's id")
+    approve.add_argument("--as", dest="approver", required=True, help="your name as an approver")
+    approve.add_argument("--reject", action="store_true", help="reject instead of approving")
+    approve.add_argument("--comment", default="", help="why (kept in the provenance)")
+    approve.add_argument("--batch-size", type=int, help="run only the first N candidates")
+    approve.add_argument(
+        "--candidates",
+        type=_indices,
+        metavar="I,J,...",
+        help=(
+            "run only these candidates (e.g. 0,2,5), by their # in the form's Proposed batch "
+            "table: the batch after candidate rules removed what they refuse"
+        ),
+    )
+    approve.add_argument(
+        "--code",
+        nargs="?",
+        const="-",
+        help="your one-time code, for rules that require proof; without a value it is "
+        "prompted for (not shown, not in the process list)",
+    )
+    approve.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for the flow's verdict on the answer (default 120)",
+    )
+    approve.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once the server took the answer, without the flow's verdict",
+    )
+    approve.set_defaults(handler=_approve)
+
+
+def _spec_and_site(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="the campaign's TOML file")
+    parser.add_argument("--site", help="site config name or path (default: the spec's site)")
+
+
+def _check(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    from flows._check import check_campaign
+    from flows._cli._exit import EXIT_BAD_INPUT
+
+    report = check_campaign(args.spec, args.site, os.environ)
+    if report.checked is None:
+        for problem in report.problems:
+            print(f"error: {problem.text}", file=sys.stderr)
+        print(f"{len(report.problems)} problem(s) found", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    checked = report.checked
+    spec = checked.loaded.spec
+    rules = f"{checked.rules} policy rule(s)" if checked.rules else "no policy rules (allowed)"
+    print(
+        f"ok: campaign {spec.name}: {spec.rounds} round(s) of {spec.batch_size} on site "
+        f"{checked.site.name}, {rules}; the simulation and the first fallback batch check out"
+    )
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from flows._cli._service import follow, print_submitted, submit_now
+
+    submitted = submit_now(args.spec, args.site, start=False, accept_changes=args.accept_changes)
+    print_submitted(submitted)
+    if args.follow:
+        return follow(submitted.flow_run_id, wait_for_approval=True)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from flows._cli._service import (
+        ensure_runner,
+        follow,
+        print_submitted,
+        show_stored_completion,
+        submit_now,
+    )
+
+    if show_stored_completion(args.spec, args.site):
+        return 0
+    submitted = submit_now(args.spec, args.site, start=True, accept_changes=args.accept_changes)
+    ensure_runner()
+    print_submitted(submitted)
+    return follow(submitted.flow_run_id, wait_for_approval=not args.no_wait)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from flows._cli._service import serve_foreground, start_detached_runner, stop_runner
+
+    if args.stop:
+        print("runner stopped" if stop_runner() else "no runner was running")
+        return 0
+    if args.detach:
+        pid = start_detached_runner(args.query_seconds)
+        print(f"runner started in the background (pid {pid})")
+        return 0
+    return serve_foreground(args.query_seconds)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from flows._cli._service import show_run, show_runs
+
+    return show_run(args.run) if args.run else show_runs()
+
+
+def _approvals(args: argparse.Namespace) -> int:
+    from flows._cli._service import show_approvals
+
+    return show_approvals()
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from flows._cli._service import answer
+
+    return answer(
+        args.run,
+        args.approver,
+        reject=args.reject,
+        comment=args.comment,
+        batch_size=args.batch_size,
+        wait_seconds=None if args.no_wait else args.wait,
+        code=_code(args.code),
+        candidates=args.candidates,
+    )
+
+
+def _indices(text: str) -> list[int]:
+    """Parse ``--candidates``: distinct non-negative indices, comma-separated."""
+    try:
+        chosen = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("give indices separated by commas, e.g. 0,2,5") from None
+    if any(i < 0 for i in chosen):
+        raise argparse.ArgumentTypeError("indices start at 0")
+    if len(set(chosen)) != len(chosen):
+        raise argparse.ArgumentTypeError("each index once")
+    return chosen
+
+
+def _code(given: str | None) -> str | None:
+    if given != "-":
+        return given
+    import getpass
+
+    return getpass.getpass("one-time code: ")

@@ -1,0 +1,121 @@
+"""``unattended inspect`` and ``unattended export``: read the provenance offline.
+
+Registering imports nothing heavy; the handlers read a SQLite file with the
+standard library (``flows/_provenance/_sqlite.py``: no SQLAlchemy, sqlmodel or
+pydantic), ``inspect`` draws with rich, and neither imports Prefect. Databases are opened read-only:
+inspecting never creates, changes or migrates a file. Bad input (no database,
+a corrupt file, an unknown campaign or round, a newer schema) prints one line
+on stderr and exits 2.
+
+Where the database is: ``--db`` takes a URL, a ``.db`` file, a campaign
+directory (holding ``provenance.db``) or a state directory (holding
+``campaigns/``). Without ``--db`` the state directory is ``$UNATTENDED_HOME``
+(default ``~/.unattended``) and campaign ``NAME`` lives in
+``<state>/campaigns/NAME/provenance.db``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flows._cli._exit import fail
+from flows._paths import state_dir_from
+
+_DB_HELP = (
+    "database: a postgresql+psycopg:// URL, a .db file, a campaign directory or a state "
+    "directory (default: $UNATTENDED_HOME, else ~/.unattended)"
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``inspect`` and ``export`` commands to the CLI."""
+    inspect = subparsers.add_parser(
+        "inspect",
+        help="show a campaign's provenance: campaigns, a summary, or one round in full",
+        description=(
+            "Without CAMPAIGN, list campaigns. With CAMPAIGN, summarise its rounds, "
+            "dispositions, acceptance rate, fallbacks, approvals and best result. With "
+            "--round N, show that round in full: every gate call and attempt with its "
+            "verdicts, the fallback and its hash, policy decisions, approvals, the batch "
+            "and its task results."
+        ),
+    )
+    inspect.add_argument("campaign", nargs="?", help="campaign name")
+    inspect.add_argument("--round", type=int, dest="round_index", metavar="N", help="round index")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    inspect.add_argument("--db", metavar="URL_OR_PATH", help=_DB_HELP)
+    inspect.set_defaults(handler=_inspect)
+
+    export = subparsers.add_parser(
+        "export",
+        help="export a campaign's provenance as JSON lines or CSV",
+        description=(
+            "jsonl: one JSON object per record, with a 'kind' (campaign, round, decision, "
+            "attempt, approval, batch, task_result). csv: one row per attempt, or per "
+            "task result with --records task_results."
+        ),
+    )
+    export.add_argument("campaign", help="campaign name")
+    export.add_argument("--format", choices=("jsonl", "csv"), required=True)
+    export.add_argument(
+        "--records",
+        choices=("all", "attempts", "task_results"),
+        help="which records (default: all for jsonl, attempts for csv)",
+    )
+    export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
+    export.add_argument("--db", metavar="URL_OR_PATH", help=_DB_HELP)
+    export.set_defaults(handler=_export)
+
+
+def database_locations(db: str | None, campaign: str | None, env: Mapping[str, str]) -> list[str]:
+    """Return the databases to read for ``--db`` and ``campaign`` (see the module doc)."""
+    if db is not None and "://" in db:
+        return [db]
+    if db is not None:
+        path = Path(db).expanduser()
+        if not (path.is_dir() and (path / "campaigns").is_dir()):
+            return [str(path)]
+        root = path
+    else:
+        root = state_dir_from(None, env)
+    campaigns = root / "campaigns"
+    if campaign is not None:
+        return [str(campaigns / campaign / "provenance.db")]
+    return [str(p) for p in sorted(campaigns.glob("*/provenance.db"))] or [str(campaigns)]
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from flows._cli import _records
+    from flows._cli import _render as render
+
+    locations = database_locations(args.db, args.campaign, os.environ)
+    if args.campaign is None and args.round_index is not None:
+        return fail("--round needs a CAMPAIGN")
+    if args.campaign is None:
+        data: Any = render.list_campaigns(locations)
+        render.show(data, render.print_campaigns, as_json=args.json)
+        return 0
+    with _records.open_read_only(locations[0]) as store:
+        if args.round_index is None:
+            data = store.summary(args.campaign)
+            render.show(data, render.print_summary, as_json=args.json)
+        else:
+            data = store.round_view(args.campaign, args.round_index)
+            render.show(data, render.print_round, as_json=args.json)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from flows._cli import _records
+
+    records = args.records or ("all" if args.format == "jsonl" else "attempts")
+    if args.format == "csv" and records == "all":
+        return fail("--format csv needs --records attempts or task_results")
+    location = database_locations(args.db, args.campaign, os.environ)[0]
+    with _records.open_read_only(location) as store:
+        _records.export(store, args.campaign, fmt=args.format, records=records, output=args.output)
+    return 0

@@ -1,0 +1,234 @@
+"""A campaign's progress in the terminal, read from its provenance database.
+
+``unattended run`` and ``submit --follow`` poll the database (read-only) once a
+second beside the flow run's state. The database is the source of truth: it is
+what the flow records, whichever process runs it. On a terminal the progress is
+a live ``rich`` table with a bar per batch; otherwise plain lines, each printed
+once, so a log file reads top to bottom.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from flows._paths import campaign_dir, state_dir_from
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """One round as the provenance shows it right now."""
+
+    index: int
+    status: str
+    gate_calls: int
+    gate: str  # e.g. "accepted", "fallback", "pending", "accepted+fallback"
+    attempts: int
+    decision: str | None
+    tasks: int  # the launched batch's size (0 before launch)
+    done: int
+    failed: int
+    finished: bool  # the batch's results are recorded
+    waiting_for: str | None  # the rule of an unanswered approval request
+
+
+def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
+    """Return every round's progress from a (read-only) provenance store."""
+    summary = store.summary(campaign)
+    pending = {
+        int(a["round_index"]): a["rule"] or "policy"
+        for a in summary["approvals"]
+        if a["decision"] is None
+    }
+    rounds = []
+    for entry in summary["rounds"]:
+        index = int(entry["index"])
+        recorded = int(entry["tasks"])
+        launched = recorded
+        if not recorded and entry["status"] != "completed" and entry["decision"]:
+            # Results are recorded when the batch ends; its size is known at launch.
+            batches = store.round_view(campaign, index)["batches"]
+            launched = sum(
+                len(batch["candidates"] or []) for batch in batches if not batch.get("relaunch")
+            )
+        dispositions = entry["dispositions"]
+        rounds.append(
+            RoundProgress(
+                index=index,
+                status=str(entry["status"]),
+                gate_calls=int(entry["gate_calls"]),
+                gate="+".join(sorted(dispositions)) if dispositions else "",
+                attempts=int(entry["attempts"]),
+                decision=entry["decision"],
+                tasks=launched,
+                done=int(entry["done"]),
+                failed=recorded - int(entry["done"]),
+                finished=recorded > 0,
+                waiting_for=pending.get(index),
+            )
+        )
+    return rounds
+
+
+def read_queue(store: Any, campaign: str) -> str:
+    """Return ``waiting in queue: job 12 PENDING (Resources)`` while the allocation waits.
+
+    Read from the campaign's allocation rows (the executor records each change of
+    its jobs); '' when the latest request's jobs are not pending, or none exists.
+    """
+    rows = store.allocations(campaign)
+    if not rows:
+        return ""
+    latest = max(int(row["request"]) for row in rows)
+    waiting = []
+    for row in rows:
+        if int(row["request"]) == latest and row["state"] == "PENDING":
+            reason = row["reason"]
+            why = f" ({reason})" if reason and reason != "None" else ""
+            waiting.append(f"job {row['job_id']} PENDING{why}")
+    return "waiting in queue: " + ", ".join(waiting) if waiting else ""
+
+
+def progress_lines(round_: RoundProgress) -> list[str]:
+    """Return the plain lines that describe ``round_`` so far (each printed once)."""
+    head = f"round {round_.index}:"
+    lines = [f"{head} started"]
+    if round_.gate and "pending" not in round_.gate:
+        lines.append(f"{head} gate {round_.gate} after {round_.attempts} attempt(s)")
+    if round_.decision:
+        lines.append(f"{head} policy {round_.decision}")
+    if round_.waiting_for:
+        lines.append(f"{head} waiting for approval ({round_.waiting_for})")
+    if round_.tasks:
+        lines.append(f"{head} batch of {round_.tasks} task(s) launched")
+    if round_.finished:
+        lines.append(f"{head} batch finished: {round_.done} done, {round_.failed} failed")
+    if round_.status == "completed":
+        lines.append(f"{head} completed")
+    return lines
+
+
+class CampaignProgress:
+    """Render a campaign's progress: a live ``rich`` table, or plain lines (not a TTY)."""
+
+    def __init__(self, *, live: bool, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+        self.live = live
+        self.rounds: list[RoundProgress] = []
+        self.queue = ""
+        self._printed: set[str] = set()
+        self._store: Any = None
+        self._campaign: str | None = None
+        self._display: Any = None
+
+    def __enter__(self) -> CampaignProgress:
+        if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(file=self.stream)
+            self._display = Live(self._render(), console=console, refresh_per_second=4)
+            self._display.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._display is not None:
+            self._display.__exit__(None, None, None)
+            self._display = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop redrawing while plain text goes to the terminal."""
+        if self._display is None:
+            yield
+            return
+        self._display.stop()
+        try:
+            yield
+        finally:
+            self._display.start()
+
+    def say(self, line: str) -> None:
+        """Print a line above the live table (or on its own)."""
+        if self._display is not None:
+            self._display.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def poll(self, flow_run: Any) -> None:
+        """Read the provenance again and show what changed; quiet until the database exists."""
+        try:
+            if self._store is None:
+                self._store, self._campaign = open_progress_store(flow_run)
+            campaign = self._campaign or ""
+            self.update(
+                read_progress(self._store, campaign), queue=read_queue(self._store, campaign)
+            )
+        except Exception:  # noqa: BLE001  # progress is best effort; the run state is what counts
+            return
+
+    def update(self, rounds: list[RoundProgress], *, queue: str = "") -> None:
+        """Show ``rounds`` (and the queue line): redraw the table, or print new lines."""
+        self.rounds = rounds
+        changed_queue = queue != self.queue
+        self.queue = queue
+        if self._display is not None:
+            self._display.update(self._render())
+            return
+        if queue and changed_queue:
+            # Printed each time it changes (a job waiting again later is news again).
+            print(queue, file=self.stream, flush=True)
+        for round_ in rounds:
+            for line in progress_lines(round_):
+                if line not in self._printed:
+                    self._printed.add(line)
+                    print(line, file=self.stream, flush=True)
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for column in ("round", "gate", "attempts", "policy", "batch", "tasks"):
+            table.add_column(column)
+        for r in self.rounds:
+            bar = ProgressBar(total=r.tasks or 1, completed=r.done + r.failed, width=24)
+            policy = f"waiting: {r.waiting_for}" if r.waiting_for else (r.decision or "")
+            tasks = (
+                f"{r.done} done, {r.failed} failed"
+                if r.finished
+                else (f"{r.tasks} running" if r.tasks else "")
+            )
+            table.add_row(
+                str(r.index), r.gate, str(r.attempts), policy, bar if r.tasks else "", tasks
+            )
+        done = sum(r.done for r in self.rounds)
+        failed = sum(r.failed for r in self.rounds)
+        totals = f"tasks: {done} done, {failed} failed"
+        return Group(table, totals, self.queue) if self.queue else Group(table, totals)
+
+
+def open_progress_store(flow_run: Any) -> tuple[Any, str]:
+    """Open the run's provenance database read-only; return it with the campaign's name."""
+    from flows._provenance._sqlite import open_read_only
+    from flows._spec import load_campaign
+    from tasks import load_site
+
+    params = flow_run.parameters
+    loaded = load_campaign(params["spec_path"])
+    site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
+    home = state_dir_from(params.get("state_dir"), os.environ)
+    location = (
+        site.provenance_url.get_secret_value()
+        if site.provenance_url is not None
+        else campaign_dir(home, loaded.spec.name)
+    )
+    return open_read_only(location), loaded.spec.name

@@ -1,0 +1,85 @@
+"""Open a provenance database for the read-only commands, and write ``export``'s records.
+
+Imports no rich (``export`` prints no table) and, for a SQLite file, no SQLAlchemy:
+:func:`open_read_only` hands out the standard-library reader
+(``flows/_provenance/_sqlite.py``); a URL opens the full store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from flows._provenance import _export
+from flows._provenance._readers import StoreReads
+from flows._provenance._sqlite import open_read_only as _open
+
+
+@contextlib.contextmanager
+def open_read_only(location: str) -> Iterator[Any]:
+    """Open the store at ``location`` read-only and close it afterwards.
+
+    A SQLite file is read with the standard library (no SQLAlchemy); a URL opens
+    the full store. Either has the readers of :class:`StoreReads`.
+    """
+    store: Any = _open(location)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _write(records: Iterator[dict[str, Any]], fmt: str, out: TextIO) -> None:
+    if fmt == "jsonl":
+        for record in records:
+            out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+        return
+    writer: csv.DictWriter[str] | None = None
+    for record in records:
+        if writer is None:
+            writer = csv.DictWriter(out, fieldnames=list(record), lineterminator="\n")
+            writer.writeheader()
+        writer.writerow({k: _csv_value(v) for k, v in record.items()})
+
+
+def export(store: StoreReads, name: str, *, fmt: str, records: str, output: str | None) -> None:
+    """Write campaign ``name``'s records; a file appears whole or not at all."""
+    export_records = {
+        "all": _export.export_records,
+        "attempts": _export.export_attempts,
+        "task_results": _export.export_task_results,
+    }[records]
+    with store.reading() as reader:
+        stream = export_records(reader, name)
+        first = next(stream)  # raises NotFound before any file is created
+        chained = _chain(first, stream)
+        if output is None:
+            _write(chained, fmt, sys.stdout)
+            return
+        target = Path(output)
+        fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                _write(chained, fmt, handle)
+            os.replace(temp, target)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+
+
+def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    yield first
+    yield from rest

@@ -1,0 +1,307 @@
+"""Print what ``unattended inspect`` reads: rich tables on a terminal, plain text when piped.
+
+Every cell is built as :class:`rich.text.Text`, so values recorded from a
+planner are shown literally and never interpreted as markup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from flows._cli._records import open_read_only
+
+
+class _PipedConsole(Console):
+    """A console that leaves a closed pipe (``| head``) to ``flows._cli.main``, like print."""
+
+    def on_broken_pipe(self) -> None:
+        # rich would exit with status 1 here; every other command ends a closed pipe with 0.
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def _console() -> Console:
+    # Piped output keeps long values on one line instead of wrapping at 80 columns.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200)
+    return _PipedConsole(width=width, highlight=False)
+
+
+def show(data: Any, printer: Callable[[Console, Any], None], *, as_json: bool) -> None:
+    """Print ``data`` as JSON or through ``printer``."""
+    if as_json:
+        json.dump(data, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    printer(_console(), data)
+
+
+def _cell(value: Any) -> Text:
+    if value is None:
+        return Text("-")
+    if isinstance(value, float):
+        return Text(f"{value:.6g}")
+    if isinstance(value, str):
+        return Text(value)
+    return Text(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _when(moment: str | None) -> str:
+    # Text output shows seconds, in UTC; --json keeps the full ISO timestamps.
+    if not moment:
+        return "-"
+    return moment[:19].replace("T", " ") + "Z"
+
+
+def _table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def list_campaigns(locations: list[str]) -> list[dict[str, Any]]:
+    """Return every campaign in every database at ``locations``."""
+    found: list[dict[str, Any]] = []
+    for location in locations:
+        with open_read_only(location) as store:
+            for campaign in store.campaigns():
+                found.append({**campaign, "database": store.location.label})
+    return found
+
+
+def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
+    """Print one line per campaign."""
+    columns = ("name", "status", "error_code", "site", "rounds", "updated", "database")
+    rows = [
+        [
+            c["name"],
+            c["status"],
+            c["error_code"],
+            c["site"],
+            c["rounds"],
+            _when(c["updated_at"]),
+            c["database"],
+        ]
+        for c in campaigns
+    ]
+    console.print(_table("Campaigns", columns, rows))
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    """Print a campaign summary: header, totals, rounds, approvals, best result."""
+    c, t = summary["campaign"], summary["totals"]
+    status = c["status"] + (f" ({c['error_code']})" if c["error_code"] else "")
+    console.print(Text(f"Campaign {c['name']}: {status}", style="bold"))
+    console.print(
+        Text(
+            f"site {c['site']}  seed {c['seed']}  code {c['code_version']}  "
+            f"created {_when(c['created_at'])}  updated {_when(c['updated_at'])}"
+        )
+    )
+    rate = "-" if t["acceptance_rate"] is None else f"{t['acceptance_rate']:.1%}"
+    console.print(
+        Text(
+            f"{t['rounds']} rounds, {t['gate_calls']} gate calls, {t['attempts']} attempts; "
+            f"acceptance rate {rate} of gate calls; {t['fallbacks']} fallbacks; "
+            f"dispositions {_cell(t['dispositions'])}"
+        )
+    )
+    columns: tuple[str, ...] = (
+        "round",
+        "status",
+        "gate calls",
+        "dispositions",
+        "attempts",
+        "decision",
+        "tasks done",
+        "best",
+    )
+    rows = [
+        [
+            r["index"],
+            r["status"],
+            r["gate_calls"],
+            r["dispositions"],
+            r["attempts"],
+            r["decision"],
+            f"{r['done']}/{r['tasks']}",
+            r["best"],
+        ]
+        for r in summary["rounds"]
+    ]
+    console.print(_table("Rounds", columns, rows))
+    if summary["approvals"]:
+        columns = ("round", "key", "rule", "decision", "decided_by", "decided_at")
+        rows = [
+            [
+                a["round_index"],
+                a["key"],
+                a["rule"],
+                a["decision"],
+                a["decided_by"],
+                _when(a["decided_at"]),
+            ]
+            for a in summary["approvals"]
+        ]
+        console.print(_table("Approvals", columns, rows))
+    best = summary["best_result"]
+    if best is None:
+        console.print(Text("Best result: none (no finished task with a numeric value)"))
+    else:
+        console.print(
+            Text(
+                f"Best result: {best['objective']:.6g} in round {best['round_index']}, batch "
+                f"{best['batch']}, task {best['task_index']} ({best['key']}); candidate "
+                f"{_cell(best['candidate'])}"
+            )
+        )
+
+
+def _verdicts(verdicts: list[dict[str, Any]]) -> str:
+    return "; ".join(
+        f"{v['check']}: {'pass' if v['passed'] else 'FAIL ' + str(v['reason'])}" for v in verdicts
+    )
+
+
+def print_round(console: Console, view: dict[str, Any]) -> None:
+    """Print one round in full."""
+    r = view["round"]
+    console.print(
+        Text(
+            f"Campaign {view['campaign']}, round {r['round_index']}: {r['status']}  "
+            f"(started {_when(r['started_at'])}, finished {_when(r['finished_at'])})",
+            style="bold",
+        )
+    )
+    for call in view["gate_calls"]:
+        console.print(
+            Text(
+                f"\nGate call {call['call_index']} ({call['name']}): {call['disposition']} "
+                f"after {call['attempts_used']} of {call['budget']} attempts\n"
+                f"  fallback sha {call['fallback_hash'] or '-'} computed "
+                f"{_when(call['fallback_computed_at'])}: {_cell(call['fallback_value'])}"
+            )
+        )
+        columns: tuple[str, ...] = (
+            "#",
+            "result",
+            "reason",
+            "value",
+            "verdicts",
+            "scores",
+            "seconds",
+            "trace",
+        )
+        rows = [
+            [
+                a["number"],
+                "accepted" if a["rejected_by"] is None else f"rejected by {a['rejected_by']}",
+                a["reason"],
+                a["value"],
+                _verdicts(a["verdicts"]),
+                a["scores"] or None,
+                a["duration"],
+                a["trace_id"],
+            ]
+            for a in call["attempts"]
+        ]
+        console.print(_table("Attempts", columns, rows))
+    if view["decisions"]:
+        columns = (
+            "seq",
+            "outcome",
+            "code",
+            "reason",
+            "rules_fired",
+            "severities",
+            "explanation",
+        )
+        rows = [[d[k] for k in columns] for d in view["decisions"]]
+        console.print(_table("Policy decisions", columns, rows))
+    for a in view["approvals"]:
+        console.print(
+            Text(
+                f"\nApproval {a['key']} (rule {a['rule']}, "
+                f"allowed {', '.join(a['approvers_allowed'])}"
+                f", run {a['flow_run_id']}) requested {_when(a['requested_at'])}: "
+                f"{a['decision'] or 'pending'} by {a['decided_by'] or '-'} at "
+                f"{_when(a['decided_at'])}; comment {a['comment'] or '-'}; overrides "
+                f"{_cell(a['overrides'])}"
+            )
+        )
+        columns = ("decided_by", "decision", "allowed", "settled", "comment", "recorded")
+        rows = [
+            [
+                e["decided_by"],
+                e["decision"],
+                e["allowed"],
+                e["settled"],
+                e["comment"],
+                _when(e["recorded_at"]),
+            ]
+            for e in a["events"]
+        ]
+        console.print(_table("Approval events (every decision attempt)", columns, rows))
+    if view.get("candidates"):
+        columns = ("call", "source", "#", "candidate", "fate", "by", "reason")
+        rows = [
+            [
+                c["call_index"],
+                c["source"],
+                c["candidate_index"],
+                c["candidate"],
+                c["fate"],
+                (c["rule"] and f"rule {c['rule']}") or c["actor"],
+                c["reason"],
+            ]
+            for c in view["candidates"]
+        ]
+        console.print(_table("Candidates", columns, rows))
+    for b in view["batches"]:
+        console.print(
+            Text(
+                f"\nBatch {b['key']} on {b['backend']}: {b['status']}, "
+                f"{len(b['candidates'])} candidates, launched {_when(b['launched_at'])}, finished "
+                f"{_when(b['finished_at'])}"
+            )
+        )
+        columns = (
+            "#",
+            "key",
+            "status",
+            "value",
+            "candidate",
+            "runtime",
+            "host",
+            "exit",
+            "tries",
+            "error",
+            "stderr_tail",
+        )
+        rows = [
+            [
+                r["index"],
+                r["key"],
+                r["status"],
+                r["value"],
+                r["candidate"],
+                r["runtime"],
+                r["host"],
+                r["exit_code"],
+                r["attempts"],
+                r["error_code"],
+                r["stderr_tail"] or None,
+            ]
+            for r in b["results"]
+        ]
+        console.print(_table("Task results", columns, rows))

@@ -1,0 +1,613 @@
+"""What the campaign commands do; imported by their handlers only.
+
+``submit``, ``run``, ``serve`` and ``follow`` import Prefect; ``status``, ``approvals`` and
+``approve`` do not (they speak its REST API through ``flows._prefect._rest``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psutil
+
+from flows._cli._exit import EXIT_ANSWER_REFUSED, EXIT_FAILED, STATUS_EXIT, fail
+from flows._paths import PRIVATE_UMASK, append_private, state_dir_from, write_private
+from flows._prefect._connect import connect, ui_url
+from flows._prefect._server import flow_run_ui_url
+from policies import NotFound, SpecInvalid, ValidationFailed
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+    from flows._prefect._pending import PendingApproval
+    from flows._prefect._rest import RunView
+    from flows._prefect._submissions import Submitted
+    from flows._provenance import ApprovalEventRecord
+
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _say_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _state_dir() -> Path:
+    return state_dir_from(None, os.environ)
+
+
+def _runner_pid_file() -> Path:
+    return _state_dir() / "runner.pid"
+
+
+def _runner_lock_file() -> Path:
+    return _state_dir() / "runner.lock"
+
+
+def _lock_runner(path: Path) -> int | None:
+    """Take the runner's lock for this process's lifetime; None when another runner holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd  # kept open (and locked) until the process exits, however it exits
+
+
+def _run_link(flow_run_id: object) -> str:
+    return flow_run_ui_url(ui_url(), flow_run_id)
+
+
+def _parse_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise ValidationFailed(f"'{text}' is not a flow run id", details={"field": "run"}) from None
+
+
+def submit_now(
+    spec: str, site: str | None, *, start: bool, accept_changes: bool = False
+) -> Submitted:
+    """Validate the spec, connect, submit.
+
+    When this state directory's runner is up, it validates and submits (it has
+    Prefect, the planners and the engine imported already:
+    ``flows._prefect._submissions``), and its verdict on bad input comes back with
+    its code before anything is registered. Otherwise this process validates
+    before touching any server, then submits.
+    """
+    from flows._prefect._submissions import submit_via_runner, validate_submission
+
+    pid = runner_pid()
+    if pid is None:
+        validate_submission(spec, site, os.environ)  # bad input fails here, nothing started
+    connect(start=start, announce=_say_on_stderr)
+    # The runner resolves paths from its own directory: hand it absolute ones.
+    site_arg = str(Path(site).resolve()) if site and Path(site).is_file() else site
+    if pid is not None:
+        submitted = submit_via_runner(
+            Path(spec), site_arg, _state_dir(), pid, accept_changes=accept_changes
+        )
+        if submitted is not None:
+            return submitted
+    from flows._prefect._service import submit_campaign
+
+    submitted = asyncio.run(submit_campaign(spec, site=site, accept_changes=accept_changes))
+    nudge()
+    return submitted
+
+
+def show_stored_completion(spec: str, site: str | None) -> bool:
+    """Print a completed campaign's stored record and return True; False if it has none.
+
+    A campaign is its name: running a completed one again would only replay its
+    record, so nothing is submitted. A changed spec under a recorded name is
+    refused here (``SpecInvalid``), as the flow would refuse it.
+    """
+    from flows._check import require_valid
+    from flows._cli._progress import progress_lines, read_progress
+    from flows._paths import campaign_dir
+    from flows._provenance._rows import jsonable
+    from flows._provenance._sqlite import open_read_only
+
+    checked = require_valid(spec, site, os.environ)
+    name = checked.loaded.spec.name
+    url = checked.site.provenance_url
+    location: str | Path
+    if url is not None:
+        location = url.get_secret_value()
+    else:
+        location = campaign_dir(_state_dir(), name)
+        if not (location / "provenance.db").exists():
+            return False
+    try:
+        with open_read_only(location) as store:
+            row = next((c for c in store.campaigns() if c["name"] == name), None)
+            if row is None or row["status"] != "completed":
+                return False
+            recorded = store.summary(name)["campaign"]
+            rounds = read_progress(store, name)
+    except Exception:  # noqa: BLE001  # no readable record: submit as usual, the flow reports it
+        return False
+    if (
+        recorded["spec"] != jsonable(checked.loaded.raw)
+        or recorded["seed"] != checked.loaded.spec.seed
+    ):
+        raise SpecInvalid(
+            f"{checked.loaded.path}: campaign {name!r} is already recorded with a different spec "
+            "or seed; give the new campaign another name",
+            details={"file": str(checked.loaded.path), "field": "name", "campaign": name},
+        )
+    print(
+        f"campaign {name} already completed; showing the stored record (nothing runs again; "
+        "to run it afresh, give the spec a new name)"
+    )
+    for round_ in rounds:
+        for line in progress_lines(round_):
+            print(line)
+    print("finished: Completed campaign completed (stored)")
+    return True
+
+
+def print_submitted(submitted: Submitted) -> None:
+    """Print the run id and its UI link."""
+    verb = "already running" if submitted.already_active else "submitted"
+    print(f"campaign {submitted.campaign} {verb}: flow run {submitted.flow_run_id}")
+    print(f"  UI: {_run_link(submitted.flow_run_id)}")
+    if not runner_alive():
+        print(
+            "  note: no runner is serving on this node; start one with 'unattended serve --detach'"
+        )
+
+
+def nudge() -> None:
+    """Wake this state directory's runner, so it picks up a new or resumed run now."""
+    from flows._prefect._nudge import nudge_runner
+
+    pid = runner_pid()
+    if pid is not None:
+        nudge_runner(pid)
+
+
+def runner_pid() -> int | None:
+    """Return the pid of the runner that serves this state directory, if one does."""
+    return _runner_pid() if runner_alive() else None
+
+
+def runner_alive() -> bool:
+    """Return whether a runner holds this state directory's lock (it does for its lifetime)."""
+    path = _runner_lock_file()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own shared lock
+    return False
+
+
+def _runner_pid() -> int | None:
+    try:
+        return int(_runner_lock_file().read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def start_detached_runner(query_seconds: float = 1.0) -> int:
+    """Start ``unattended serve`` in its own session, logging under the state directory.
+
+    Idempotent (cron, scrontab): a runner that holds the lock is left alone and its
+    pid returned; two starts racing each other end with one runner, because the
+    second one cannot take the lock and exits.
+    """
+    connect(start=False)
+    if runner_alive():
+        return _runner_pid() or 0
+    log = _state_dir() / "runner.log"
+    with os.fdopen(append_private(log), "ab") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flows._cli", "serve", "--query-seconds", str(query_seconds)],
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+            start_new_session=True,
+            umask=PRIVATE_UMASK,  # what its flow runs write under the state directory
+        )
+    write_private(_runner_pid_file(), str(process.pid))
+    # Return once it serves (holds the lock), or once it gave up to a runner that won a race.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None and not runner_alive():
+        time.sleep(0.1)
+    return _runner_pid() or process.pid
+
+
+def ensure_runner() -> None:
+    """Start the background runner unless one already serves this state directory."""
+    if not runner_alive():
+        pid = start_detached_runner()
+        print(
+            f"started the runner in the background (pid {pid}); log: {_state_dir() / 'runner.log'}"
+        )
+
+
+def stop_runner() -> bool:
+    """Stop the background runner (before the server: the other order hangs)."""
+    path = _runner_pid_file()
+    pid = _runner_pid()
+    if not runner_alive() or pid is None:
+        path.unlink(missing_ok=True)
+        return False
+    os.killpg(pid, signal.SIGTERM)
+    try:
+        psutil.Process(pid).wait(timeout=20)
+    except psutil.TimeoutExpired:
+        os.killpg(pid, signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass
+    path.unlink(missing_ok=True)
+    return True
+
+
+# Flow-run processes inherit the runner's environment. The surrogate's matrices are
+# small; threaded BLAS on a shared login node only contends (2-4x slower measured).
+_SINGLE_THREADED_BLAS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+# Printed to the runner's log once Prefect's event stream is connected.
+LISTENING_LINE = "woken by Prefect's event stream when a run is resumed or scheduled"
+
+
+def serve_foreground(query_seconds: float) -> int:
+    """Serve campaign runs until SIGTERM or Ctrl-C."""
+    from flows._prefect._nudge import NUDGE_SIGNAL
+
+    # A nudge before the runner listens (it imports for seconds) must not end it: the
+    # signal's default action is to terminate. The command then submits by itself.
+    signal.signal(NUDGE_SIGNAL, signal.SIG_IGN)
+    connect(start=False)
+    for variable in _SINGLE_THREADED_BLAS:
+        os.environ.setdefault(variable, "1")
+    from flows._prefect._service import CampaignService
+
+    # Flow runs inherit it: telemetry, work folders and Prefect's own files stay private.
+    os.umask(PRIVATE_UMASK)
+    if _lock_runner(_runner_lock_file()) is None:
+        print(f"a runner already serves {_state_dir()} (pid {_runner_pid()}); nothing to do")
+        return 0
+    # Flow runs inherit it: a failpoint scoped to the runner kills the whole tree.
+    os.environ["UNATTENDED_RUNNER_PID"] = str(os.getpid())
+    path = _runner_pid_file()
+    write_private(path, str(os.getpid()))
+    print(f"serving campaign runs from {os.environ.get('PREFECT_API_URL')}", flush=True)
+    try:
+        asyncio.run(
+            CampaignService(query_seconds=query_seconds).serve(
+                on_listening=lambda: print(LISTENING_LINE, flush=True)
+            )
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if path.exists() and path.read_text().strip() == str(os.getpid()):
+            path.unlink()
+    return 0
+
+
+def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
+    """Show a run's progress until it ends; return the campaign's exit code.
+
+    Progress (rounds, gate calls, attempts, batches, tasks done and failed) is
+    read once a second from the campaign's provenance database, opened read-only,
+    beside the flow run's state: with ``rich`` on a terminal, as plain lines
+    otherwise. Ctrl-C stops following; the campaign goes on.
+    """
+    from flows._cli._progress import CampaignProgress
+    from flows._prefect._service import read_run
+
+    progress = CampaignProgress(live=sys.stdout.isatty())
+    last = None
+    try:
+        with progress:
+            while True:
+                flow_run = asyncio.run(read_run(flow_run_id))
+                state = flow_run.state
+                name = state.type.value if state else "UNKNOWN"
+                progress.poll(flow_run)
+                if name != last:
+                    progress.say(
+                        f"[{time.strftime('%H:%M:%S')}] flow run {flow_run.name}: "
+                        f"{state.name if state else name}"
+                    )
+                    if name == "PAUSED":
+                        with progress.paused():
+                            _print_how_to_approve(
+                                flow_run.id, flow_run.parameters, _pause_key(flow_run)
+                            )
+                    last = name
+                if name == "PAUSED" and not wait_for_approval:
+                    return STATUS_EXIT["awaiting_approval"]
+                if name in TERMINAL:
+                    break
+                time.sleep(1.0)
+        return _final(flow_run)
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following; the campaign goes on. Follow it again with "
+            f"'unattended status {flow_run_id}' or 'unattended run' on the same spec.",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _final(flow_run: FlowRun) -> int:
+    state = flow_run.state
+    message = (state.message or "") if state else ""
+    print(f"finished: {state.name if state else '?'} {message}".rstrip())
+    if state is not None and state.type.value == "COMPLETED":
+        return 0
+    for status, code in STATUS_EXIT.items():
+        if message.startswith(f"campaign {status}"):
+            return code
+    return STATUS_EXIT["failed"]
+
+
+def _pause_key(flow_run: FlowRun) -> str:
+    state = flow_run.state
+    return (state.state_details.pause_key if state else None) or ""
+
+
+def _print_how_to_approve(flow_run_id: UUID, parameters: Mapping[str, Any], pause_key: str) -> None:
+    from flows._prefect._pending import describe_pending
+
+    try:
+        pending = describe_pending(parameters, pause_key, os.environ)
+    except Exception:  # noqa: BLE001  # the hint is best effort; the run state is what matters
+        pending = None
+    print("  the campaign waits for approval")
+    if pending is not None:
+        print(f"  rule: {pending.rule}; approvers: {', '.join(pending.approvers) or '-'}")
+        if pending.deadline:
+            print(f"  answer by {pending.deadline.isoformat(timespec='seconds')}")
+    print(f"  in the Prefect UI: {_run_link(flow_run_id)}  (menu > Resume)")
+    print(
+        f"  or: unattended approve {flow_run_id} --as NAME [--reject] [--comment TEXT]", flush=True
+    )
+
+
+# status, approvals and approve speak Prefect's REST API directly (flows._prefect._rest):
+# importing Prefect's client alone costs about a second.
+
+
+def show_runs() -> int:
+    """List recent campaign runs."""
+    connect(start=False)
+    from flows._prefect import _rest as rest
+
+    found = rest.filter_runs(os.environ)
+    if not found:
+        print("no campaign runs")
+    seen: set[str] = set()
+    for run in found:
+        print(f"{run.id}  {run.campaign:<24} {run.state_name:<12} {_run_link(run.id)}")
+        newest = run.campaign not in seen
+        seen.add(run.campaign)
+        if newest or run.state_type in {"RUNNING", "PENDING"}:
+            _print_recovery(run)
+    return 0
+
+
+# Only a run in one of these states can be about to be recovered (orphaned, or ended
+# by a crash, a runner's shutdown or storage): the others are shown without Prefect.
+_RECOVERABLE_STATES = frozenset({"RUNNING", "PENDING", "CRASHED", "CANCELLED", "FAILED"})
+
+
+def _print_recovery(run: RunView) -> None:
+    """Say when and why the watchdog is about to recover this run's campaign, if it is."""
+    if run.state_type not in _RECOVERABLE_STATES:
+        return
+    # The watchdog recovers the campaigns of its own state directory only, so a run
+    # of another state directory (another user's, say) gets no note here either.
+    home = state_dir_from(None, os.environ)
+    if state_dir_from(run.parameters.get("state_dir"), os.environ) != home:
+        return
+    from flows._prefect._recovery import recovery_note_of
+
+    note = recovery_note_of(run.id, runner_alive=runner_alive())
+    if note:
+        print(f"  {note}")
+
+
+def show_run(run: str) -> int:
+    """Show one run's state and, when it waits, how to approve it."""
+    connect(start=False)
+    from flows._prefect import _rest as rest
+
+    found = rest.read_run(os.environ, _parse_id(run))
+    print(f"flow run {found.id} ({found.name}): {found.state_name}")
+    if found.state_message:
+        print(f"  {found.state_message}")
+    _print_recovery(found)
+    print(f"  UI: {_run_link(found.id)}")
+    if found.state_type == "RUNNING":
+        queue = _queue_line(found)
+        if queue:
+            print(f"  {queue}")
+    if found.paused:
+        _print_how_to_approve(found.id, found.parameters, found.pause_key)
+    return 0
+
+
+def _queue_line(flow_run: Any) -> str:
+    """Return the run's allocation queue line from its provenance, '' when none waits."""
+    from flows._cli._progress import open_progress_store, read_queue
+
+    try:
+        store, campaign = open_progress_store(flow_run)
+    except Exception:  # noqa: BLE001  # no database yet (or unreadable): nothing waits that we know
+        return ""
+    try:
+        return read_queue(store, campaign)
+    finally:
+        store.close()
+
+
+def show_approvals() -> int:
+    """List every run that waits for an approval, with how to answer."""
+    connect(start=False)
+    from flows._prefect import _rest as rest
+
+    runs = rest.filter_runs(os.environ, state_types=["PAUSED"], limit=200)
+    if not runs:
+        print("no approvals pending")
+    for found in runs:
+        print(f"flow run {found.id} ({found.name})")
+        _print_how_to_approve(found.id, found.parameters, found.pause_key)
+    return 0
+
+
+_VERDICT_POLL_SECONDS = 0.5
+
+
+def answer(
+    run: str,
+    approver: str,
+    *,
+    reject: bool,
+    comment: str,
+    batch_size: int | None,
+    wait_seconds: float | None,
+    code: str | None = None,
+    candidates: list[int] | None = None,
+) -> int:
+    """Answer a run's approval request through the resume API, then report the flow's verdict.
+
+    The server only checks the form; the flow judges the answer (approver, deadline,
+    proof) when the run resumes. Unless ``wait_seconds`` is None this waits that long
+    for the verdict the flow records and returns 6 (``answer_refused``) if it refused.
+    """
+    connect(start=False)
+    from flows._prefect import _rest as rest
+
+    flow_run_id = _parse_id(run)
+    found = rest.read_run(os.environ, flow_run_id)
+    if not found.paused:
+        raise NotFound(f"flow run {flow_run_id} is not waiting for approval", details={"run": run})
+    pending: PendingApproval | None = None
+    if wait_seconds is not None:
+        from flows._prefect._pending import describe_pending
+
+        # Before resuming: the form's pause key is the handle on the flow's verdict.
+        pending = describe_pending(found.parameters, found.pause_key, os.environ)
+    rest.approve(
+        os.environ,
+        flow_run_id,
+        approver=approver,
+        reject=reject,
+        comment=comment,
+        batch_size=batch_size,
+        code=code,
+        candidates=candidates,
+    )
+    nudge()
+    if pending is None or wait_seconds is None:
+        print(
+            f"answer sent; the flow judges it when the run resumes "
+            f"(see 'unattended status {flow_run_id}')"
+        )
+        return 0
+    print("answer sent; waiting for the flow's verdict ...", flush=True)
+    event = _await_verdict(pending, wait_seconds)
+    if event is None:
+        return fail(
+            f"no verdict from the flow within {wait_seconds:g} s; the answer is on the server and "
+            f"is judged when a runner resumes the run ('unattended serve --detach' starts one; "
+            f"'unattended status {flow_run_id}' shows the run)",
+            EXIT_FAILED,
+        )
+    return _report_verdict(event, pending)
+
+
+def _await_verdict(pending: PendingApproval, wait_seconds: float) -> ApprovalEventRecord | None:
+    from flows._prefect._pending import answer_event
+
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        event = answer_event(pending)
+        if event is not None or time.monotonic() >= deadline:
+            return event
+        time.sleep(_VERDICT_POLL_SECONDS)
+
+
+def _report_verdict(event: ApprovalEventRecord, pending: PendingApproval) -> int:
+    """Print what the flow made of the answer; return 0, or 6 if it refused it."""
+    by = event.decided_by or "?"
+    if event.decision == "approved":
+        overrides = event.overrides if isinstance(event.overrides, dict) else {}
+        size = overrides.get("batch_size")
+        subset = overrides.get("candidates")
+        part = (
+            f"candidates {', '.join(map(str, subset))} (the others are struck)"
+            if subset
+            else f"its first {size} candidates"
+            if size
+            else "the proposed batch"
+        )
+        print(f"approved by {by}: the flow accepted the answer and runs {part}")
+        return 0
+    if event.decision == "rejected":
+        print(
+            f"rejected by {by}: the flow accepted the answer; the campaign stops "
+            "(blocked, approval_rejected)"
+        )
+        return 0
+    refused = EXIT_ANSWER_REFUSED
+    if event.decision == "timeout":
+        deadline = pending.deadline.isoformat(timespec="seconds") if pending.deadline else "?"
+        then = (
+            "it runs the deterministic fallback batch"
+            if pending.on_timeout == "fallback"
+            else "it stopped (blocked, approval_timeout)"
+        )
+        return fail(
+            f"refused: the answer arrived after the deadline ({deadline}); the campaign follows "
+            f"its timeout policy: {then}",
+            refused,
+        )
+    if event.proof is not None:
+        why = {
+            "totp failed": "the one-time code was wrong (or from another 30 s window)",
+            "totp replayed": "the one-time code was used already; wait for the next one",
+            "totp missing": "this rule requires your one-time code (--code)",
+            "totp not enrolled": f"{by!r} has no one-time code enrolled on this node "
+            "('unattended approver add')",
+            "totp secret exposed": f"{by!r}'s secret file is readable by other users, so a "
+            "code proves nothing; re-enrol with 'unattended approver add --replace'",
+        }.get(event.proof, event.proof)
+        return fail(
+            f"refused: {why}; nothing ran and the run waits again for an answer with proof",
+            refused,
+        )
+    allowed = ", ".join(pending.approvers) or "-"
+    return fail(
+        f"refused: {by!r} is not an allowed approver of rule {pending.rule} (allowed: {allowed}); "
+        "nothing ran and the run waits again for an allowed approver",
+        refused,
+    )

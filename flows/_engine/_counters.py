@@ -1,0 +1,64 @@
+"""The campaign-wide counts that policies read, advanced the same way by the engine and the replay.
+
+Kept apart from ``flows._engine._campaign_state`` (which loads the planners and numpy) so
+that ``unattended replay`` can use exactly the engine's arithmetic without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Counters:
+    """Budget spent, the current streak of fallback rounds, and every decision so far.
+
+    ``budget_spent`` counts the batches' simulations; ``verifier_hours`` the
+    verifier tasks the gate ran on proposals (site ``cost.node_hours_per_verifier``).
+    Policies see their sum (:attr:`spent`).
+    """
+
+    budget_spent: float = 0.0
+    verifier_hours: float = 0.0
+    consecutive_fallbacks: int = 0
+    decisions: list[str] = field(default_factory=list)
+    # Tasks of the last batch that did not finish "done", for rules on failures.
+    failed_last_batch: int = 0
+
+    @property
+    def spent(self) -> float:
+        """Return every node-hour spent: simulations and verifier tasks."""
+        return self.budget_spent + self.verifier_hours
+
+    def fallbacks_with(self, disposition: str) -> int:
+        """Return the fallback streak if this round runs a ``disposition`` batch (it included)."""
+        return self.consecutive_fallbacks + 1 if disposition == "fallback" else 0
+
+    def after_batch(self, disposition: str, node_hours: float) -> None:
+        """Advance the counters once a round's batch ran."""
+        self.budget_spent += node_hours
+        self.consecutive_fallbacks = self.fallbacks_with(disposition)
+
+    def to_state(self) -> dict[str, Any]:
+        """Return the counters as JSON-ready data."""
+        return {
+            "budget_spent": self.budget_spent,
+            "verifier_hours": self.verifier_hours,
+            "consecutive_fallbacks": self.consecutive_fallbacks,
+            "decisions": list(self.decisions),
+            "failed_last_batch": self.failed_last_batch,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any] | None) -> Counters:
+        """Rebuild the counters; unknown keys are ignored."""
+        state = state or {}
+        return cls(
+            budget_spent=float(state.get("budget_spent", 0.0)),
+            verifier_hours=float(state.get("verifier_hours", 0.0)),
+            consecutive_fallbacks=int(state.get("consecutive_fallbacks", 0)),
+            decisions=[str(d) for d in state.get("decisions", [])],
+            failed_last_batch=int(state.get("failed_last_batch", 0)),
+        )

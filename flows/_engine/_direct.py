@@ -1,0 +1,183 @@
+"""Run a campaign without Prefect, in this process (``python -m flows._cli._direct SPEC``).
+
+The same engine, store and executor as the Prefect flow (``run_campaign`` is
+shared: the flow calls it with Prefect hooks), driven in this process. Nothing
+here imports Prefect, so a restart costs the engine's own start only: this is
+what the crash suite kills and starts again. A policy that asks for approval
+escalates, because a process without a deployment cannot suspend.
+
+``flows._cli._direct`` is its command line: one JSON line (status, error_code,
+rounds_completed, message) and the CLI's exit codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from pathlib import Path
+
+from flows._engine._answers import AnswerJournal
+from flows._engine._failpoints import arm as arm_failpoints
+from flows._engine._failpoints import failpoint
+from flows._engine._fencing import RecoverySettings, hold_lease
+from flows._engine._inputs import open_campaign
+from flows._engine._notify import Notifier, chain
+from flows._engine._proof import ApproverCodes
+from flows._engine._round import CampaignEngine, CampaignResult, Hooks
+from flows._engine._simulation import build_gate, build_run_batch
+from flows._paths import approvers_dir, campaign_dir, state_dir_from
+from flows._provenance import ProvenanceStore
+from flows._settings import Settings
+from flows._spec import LoadedSpec, load_campaign
+from tasks import SiteConfig, load_site
+
+
+def code_version() -> str:
+    """Return the installed version, with the git commit when run from a checkout."""
+    version = metadata.version("unattended")
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version}+g{commit}" if commit else version
+
+
+def open_store(site: SiteConfig, loaded: LoadedSpec, state_dir: Path) -> ProvenanceStore:
+    """Open the campaign's provenance store: the site's URL, else SQLite in its directory."""
+    if site.provenance_url is not None:
+        return ProvenanceStore.open(site.provenance_url.get_secret_value())
+    return ProvenanceStore.open(campaign_dir(state_dir, loaded.spec.name))
+
+
+async def run_campaign(
+    loaded: LoadedSpec,
+    site: SiteConfig,
+    store: ProvenanceStore,
+    hooks: Hooks,
+    *,
+    env: Mapping[str, str],
+    work_dir: Path | None = None,
+    approvers_dir: Path | None = None,
+    run_link: Callable[[], tuple[str, str] | None] | None = None,
+    owner: str | None = None,
+) -> CampaignResult:
+    """Run the campaign's remaining rounds on the site's executor, holding its lease.
+
+    ``env`` is the campaign's environment (secrets, the allocation's window,
+    failpoints, the lease's timings: ``flows._settings``). ``work_dir`` receives
+    asyncflow's per-engine folder (the campaign directory); ``approvers_dir``
+    holds the enrolled approvers' one-time-code secrets; ``run_link`` gives
+    notices the run's UI link and id (the campaign's ``[notify]``, else the
+    site's, says where they go); ``owner`` names the lease's holder (the flow
+    run id; this process by default).
+
+    Raises:
+        CampaignFenced: another live run holds the campaign (nothing is touched).
+    """
+    settings = Settings.from_env(env)  # a bad variable stops here, before any write
+    arm_failpoints(settings)
+    holder = owner or hooks.flow_run_id or f"process:{socket.gethostname()}:{os.getpid()}"
+    with hold_lease(store, loaded.spec.name, holder, RecoverySettings.from_env(env)):
+        return await _run_rounds(
+            loaded,
+            site,
+            store,
+            hooks,
+            env=env,
+            work_dir=work_dir,
+            approvers_dir=approvers_dir,
+            run_link=run_link,
+        )
+
+
+async def _run_rounds(
+    loaded: LoadedSpec,
+    site: SiteConfig,
+    store: ProvenanceStore,
+    hooks: Hooks,
+    *,
+    env: Mapping[str, str],
+    work_dir: Path | None,
+    approvers_dir: Path | None,
+    run_link: Callable[[], tuple[str, str] | None] | None,
+) -> CampaignResult:
+    from tasks import AllocationExecutor
+
+    name = loaded.spec.name
+    before = next((c["status"] for c in store.campaigns() if c["name"] == name), None)
+    notify = loaded.spec.notify or site.notify
+    if notify is not None and work_dir is not None:
+        notifier = Notifier(
+            notify, name, Path(work_dir) / "notifications.jsonl", run_link or (lambda: None)
+        )
+        hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, notifier.on_event))
+    checkpoint = store.load_checkpoint(name)
+    if before in ("running", "failed") and checkpoint.last_completed_round is not None:
+        # Started again after a crash or a stopped runner, not after an approval.
+        hooks.on_event("recovered", {"round": checkpoint.last_completed_round + 1})
+    store.set_campaign_status(name, "running")
+    failpoint("campaign_start")
+    folder = str(work_dir) if work_dir is not None else None
+    async with AllocationExecutor.from_site(site, work_dir=folder) as executor:
+        # Every change of the site's batch jobs (requested, started, ended and why)
+        # goes to the provenance; `unattended status` reads the queue line from it.
+        executor.on_allocation_change(lambda records: store.record_allocations(name, records))
+        checks, scores = build_gate(executor, loaded, site)
+        engine = CampaignEngine(
+            loaded=loaded,
+            store=store,
+            run_batch=build_run_batch(executor, store, loaded, site),
+            node_hours_per_simulation=site.cost.node_hours_per_simulation,
+            checks=checks,
+            scores=scores,
+            hooks=hooks,
+            env=dict(env),
+            walltime_seconds=site.scheduler.walltime_seconds,
+            node_hours_per_verifier=site.cost.node_hours_per_verifier,
+            answers=AnswerJournal(Path(work_dir) / "answers.jsonl") if work_dir else None,
+            approver_codes=ApproverCodes(approvers_dir) if approvers_dir else None,
+            allocation_end=executor.allocation_end,
+        )
+        # The jobs released when the executor closes are recorded by the hook too.
+        return await engine.run()
+
+
+async def run_direct(
+    spec_path: str | Path,
+    *,
+    site: str | None = None,
+    state_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> CampaignResult:
+    """Run (or continue) a campaign in this process, without Prefect; return how it ended."""
+    environment = os.environ if env is None else env
+    loaded = load_campaign(spec_path)
+    site_config = load_site(site or loaded.site_location(), env=environment)
+    home = state_dir_from(state_dir, environment)
+    directory = campaign_dir(home, loaded.spec.name)
+    store = open_store(site_config, loaded, home)
+    try:
+        open_campaign(store, loaded, site_config, code_version=code_version())
+        # No suspend hook: the policy turns ASK into Escalate.
+        return await run_campaign(
+            loaded,
+            site_config,
+            store,
+            Hooks(),
+            env=environment,
+            work_dir=directory,
+            approvers_dir=approvers_dir(home),
+        )
+    finally:
+        store.close()

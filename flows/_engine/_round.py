@@ -1,0 +1,727 @@
+"""One campaign, round after round, without Prefect: the gate, the policy, approvals, the batch.
+
+``CampaignEngine`` is replay-safe: it can be started again from the top at any
+point (after a suspend, a crash, a restart) and reads the provenance database to
+skip what is done. Inference and batch launches are never repeated: recorded
+attempts are replayed from the database, and a batch's idempotency key returns
+its recorded results. The Prefect flow (``flows._prefect._campaign``) drives it with hooks
+that turn steps into Prefect tasks and approvals into ``suspend_flow_run``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar, assert_never, cast
+
+from opentelemetry import trace
+
+from acceptance import Attempt, Outcome, Rejected, accept
+from flows._engine._answers import AnswerJournal
+from flows._engine._approval import (
+    Answer,
+    ApprovalRequest,
+    Judgement,
+    Verdict,
+    approval_deadline,
+    judge,
+)
+from flows._engine._campaign_state import (
+    PlannerSlot,
+    build_policy,
+    build_surrogate,
+    derive_seed,
+)
+from flows._engine._candidates import CandidateLedger, candidate_predictions, oversee
+from flows._engine._counters import Counters
+from flows._engine._failpoints import failpoint, failpoint_in_commit
+from flows._engine._proof import ApproverCodes
+from flows._engine._store import CampaignStore, SimulationResult
+from flows._provenance import ApprovalRow, CampaignStatus, DecisionMismatch
+from flows._settings import Settings
+from flows._spec import LoadedSpec
+from policies import (
+    ApprovalRejected,
+    ApprovalTimeout,
+    BatchSummary,
+    Block,
+    BudgetExceeded,
+    Continue,
+    Decision,
+    Escalate,
+    InternalError,
+    PolicyDenied,
+    Retry,
+    RoundContext,
+    Suspend,
+    UnattendedError,
+    classify,
+    proposal_key,
+)
+from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
+
+log = logging.getLogger("unattended.campaign")
+tracer = trace.get_tracer("unattended.flows")
+T = TypeVar("T")
+
+
+class Step(Protocol):
+    """How the orchestrator runs one step of a round (a plain await, or a Prefect task)."""
+
+    def __call__(self, name: str, fn: Callable[[], Awaitable[T]], /) -> Awaitable[T]:
+        """Run ``fn`` as the step called ``name``; return its result."""
+        ...
+
+
+Suspender = Callable[[ApprovalRequest, int], Awaitable[Answer]]
+OnResult = Callable[[SimulationResult], None]
+# ``async (round_index, candidates, on_result) -> results``: one batch, launched idempotently.
+RunBatch = Callable[
+    [int, list[list[float]], OnResult | None], Awaitable[Sequence[SimulationResult]]
+]
+# A gate check after the planner's cheap ones: raises ``Rejected`` to refuse a proposal;
+# it may return what it did (the verifier: where its tasks ran), its verdict's details.
+ProposalCheck = Callable[[Proposal], Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None]
+# A soft signal recorded on an accepted attempt, never gating.
+ProposalScore = Callable[[Proposal], float | Awaitable[float]]
+# The name of the gate check that runs the verifier tasks (its verdicts mark what they cost).
+VERIFIER_CHECK = "verifier"
+# How a stopped campaign ends; the error that stopped it carries the stable code.
+StopStatus: TypeAlias = Literal["blocked", "escalated", "failed"]
+TERMINAL: frozenset[CampaignStatus] = frozenset({"completed", "blocked", "escalated", "failed"})
+
+
+def decision_record(decision: Decision) -> dict[str, Any]:
+    """Return the policy decision as a provenance row (its kind is the ``outcome`` column)."""
+    record = decision.to_record()
+    return {"outcome": record.pop("kind"), **record}
+
+
+def _why(firing: Any) -> str:
+    """Return why a rule asked, in the rule's words (its advice is shown apart, once)."""
+    held = firing.detail or "its condition held"
+    return f"{firing.description} ({held})" if firing.description else held
+
+
+def _overrides(judgement: Judgement) -> dict[str, Any] | None:
+    """Return what an answer changed of the batch, as recorded on its approval event."""
+    if judgement.candidates:
+        return {"candidates": list(judgement.candidates)}
+    return {"batch_size": judgement.batch_size} if judgement.batch_size else None
+
+
+async def run_directly(name: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a step as a plain coroutine (no Prefect task)."""
+    return await fn()
+
+
+@dataclass
+class Hooks:
+    """How the engine meets its orchestrator."""
+
+    step: Step = run_directly
+    suspend: Suspender | None = None
+    flow_run_id: str | None = None
+    on_event: Callable[[str, Mapping[str, Any]], None] = lambda kind, data: None
+
+
+@dataclass(frozen=True)
+class CampaignResult:
+    """How a campaign ended (or paused)."""
+
+    status: CampaignStatus
+    error_code: str | None = None
+    rounds_completed: int = 0
+    message: str = ""
+
+
+def stop_status(error: UnattendedError) -> StopStatus:
+    """Return how a campaign stopped by ``error`` ends (its ``run_status``, else failed)."""
+    match error.run_status:
+        case "blocked" | "escalated" as status:
+            return status
+        case "awaiting_approval" | None:  # a pause is not a way to stop: the run failed
+            return "failed"
+        case _:
+            assert_never(error.run_status)
+
+
+@dataclass
+class _Launch:
+    candidates: list[list[float]]
+    disposition: str
+    node_hours: float
+    struck_by: str | None = None  # the approver who kept only part of the batch
+
+
+@dataclass
+class CampaignEngine:
+    """Run a campaign's rounds against its store, executor and planner.
+
+    Args:
+        loaded: The validated spec.
+        store: The provenance store (also the checkpoint and the batch store).
+        run_batch: ``async (round_index, candidates, on_result) -> results``: launches
+            one batch idempotently (``tasks.launch_batch`` bound to an executor).
+        checks: The gate's checks after the planner's cheap ones (e.g. a verifier).
+        scores: Soft signals recorded on an accepted attempt (e.g. the verifier's prediction).
+        node_hours_per_simulation: The site's cost model.
+        hooks: Steps, approvals and progress.
+        env: Environment for secrets and the allocation's window (``flows._settings``).
+        walltime_seconds: The site's ``scheduler.walltime``: with the allocation's
+            start it gives the end when the environment names no end.
+        node_hours_per_verifier: The site's cost of one verifier task; every
+            candidate the gate's verifier judged counts in the budget policies see.
+        allocation_end: When the allocation running the tasks ends (epoch seconds), if
+            known: the executor's view of the site's own batch jobs. The policies'
+            walltime comes from it first, else from the environment's window.
+    """
+
+    loaded: LoadedSpec
+    store: CampaignStore
+    run_batch: RunBatch
+    node_hours_per_simulation: float
+    checks: list[ProposalCheck] = field(default_factory=list)
+    scores: list[ProposalScore] = field(default_factory=list)
+    hooks: Hooks = field(default_factory=Hooks)
+    env: Mapping[str, str] = field(default_factory=dict)
+    answers: AnswerJournal | None = None
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    walltime_seconds: float | None = None
+    node_hours_per_verifier: float = 0.0
+    approver_codes: ApproverCodes | None = None  # for rules that require proof
+    allocation_end: Callable[[], float | None] | None = None
+
+    def __post_init__(self) -> None:
+        spec = self.loaded.spec
+        # Read once: a bad variable stops the campaign before anything is recorded.
+        self.allocation = Settings.from_env(self.env).allocation_window(self.walltime_seconds)
+        self.name = spec.name
+        self.bounds = Bounds(lower=tuple(spec.objective.lower), upper=tuple(spec.objective.upper))
+        checkpoint = self.store.load_checkpoint(self.name)
+        self.checkpoint = checkpoint
+        policy_state = checkpoint.policy_state or {}
+        self.policy = build_policy(self.loaded, policy_state.get("policy"))
+        self.counters = Counters.from_state(policy_state.get("campaign"))
+        self.surrogate = build_surrogate(checkpoint.surrogate_state)
+        self.planner = PlannerSlot(self.loaded, self.bounds, checkpoint.planner_state, self.env)
+        first = checkpoint.last_completed_round
+        self.next_round = 0 if first is None else first + 1
+
+    async def run(self) -> CampaignResult:
+        """Run every remaining round; return how the campaign ended."""
+        # One span per (re)start of the campaign: the gate's spans nest under it.
+        with tracer.start_as_current_span(
+            f"campaign {self.name}",
+            attributes={
+                "unattended.campaign": self.name,
+                "unattended.first_round": self.next_round,
+            },
+        ):
+            return await self._run_rounds()
+
+    async def _run_rounds(self) -> CampaignResult:
+        spec = self.loaded.spec
+        for index in range(self.next_round, spec.rounds):
+            try:
+                await self.run_round(index)
+            except UnattendedError as exc:
+                # The one way a round stops the campaign: an error of the taxonomy.
+                status = stop_status(exc)
+                self.store.set_campaign_status(self.name, status, exc.code, round_index=index)
+                event = "failed" if status == "failed" else "stopped"
+                self.hooks.on_event(event, {"round": index, "status": status, "code": exc.code})
+                return CampaignResult(status, exc.code, index, exc.message)
+            except Exception as exc:
+                # Unexpected: record the stable code, then let the orchestrator see the crash.
+                # (Prefect's suspend signal is a BaseException and passes through untouched.)
+                self.store.set_campaign_status(self.name, "failed", classify(exc).code)
+                self.hooks.on_event("failed", {"round": index, "code": classify(exc).code})
+                raise
+        self.store.set_campaign_status(self.name, "completed", None)
+        self.hooks.on_event("completed", {"rounds": spec.rounds})
+        return CampaignResult("completed", None, spec.rounds, "all rounds completed")
+
+    async def run_round(self, index: int) -> None:
+        """Run one round: fallback first, gate, policy, approval, batch, checkpoint."""
+        with tracer.start_as_current_span(
+            f"round {index}",
+            attributes={"unattended.campaign": self.name, "unattended.round": index},
+        ):
+            await self._run_round(index)
+
+    async def _run_round(self, index: int) -> None:
+        spec = self.loaded.spec
+        self.store.start_round(self.name, index)
+        self.hooks.on_event("round", {"round": index, "of": spec.rounds})
+        feedback: list[Attempt[Any]] = []
+        seq = 0
+        call_index = 1
+        while True:
+            fallback = fallback_batch(
+                self.surrogate,
+                self.bounds,
+                spec.batch_size,
+                derive_seed(spec.seed, index, call_index),
+            )
+            gate_id = self.store.record_gate_call(
+                self.name,
+                index,
+                call_index,
+                gate="planner",
+                budget=spec.attempts,
+                fallback_hash=fallback.content_hash,
+                fallback_value=[list(c) for c in fallback.candidates],
+            )
+            failpoint("after_fallback_recorded")
+            outcome = await self.hooks.step(
+                f"gate round {index} call {call_index}",
+                functools.partial(self._gate, index, gate_id, fallback, feedback),
+            )
+            failpoint("after_gate")
+            # Replayed attempts count the same as fresh ones: the record says what was verified.
+            self.counters.verifier_hours += self._verifier_hours(outcome)
+            launch = self._launch_of(outcome)
+            ledger = self._oversee(index, call_index, outcome, launch, fallback)
+            decision = self._decide(index, call_index, launch)
+            seq += 1
+            self._check_recorded(index, seq, decision)
+            self.store.record_decision(self.name, index, seq, decision_record(decision))
+            failpoint("after_decision_recorded")
+            self.counters.decisions.append(decision.outcome.kind)
+            self.hooks.on_event("decision", {"round": index, "outcome": decision.outcome.kind})
+            where = {"round": index, "call_index": call_index}
+            # Exhaustive over policies.Outcome: a new kind fails type checking here.
+            match decision.outcome:
+                case Retry():
+                    self._skip(index, call_index, ledger, "the policy refused the batch")
+                    if call_index > spec.policy_retries:
+                        raise PolicyDenied(
+                            f"round {index}: policy retries exhausted", details=where
+                        )
+                    feedback.append(
+                        self._policy_feedback(outcome.value, decision, len(feedback) + 1)
+                    )
+                    call_index += 1
+                    continue
+                case Block(code=code):
+                    self._skip(index, call_index, ledger, "the policy blocked the batch")
+                    raise PolicyDenied(
+                        f"round {index}: blocked by policy", code=code, details=where
+                    )
+                case Escalate() as escalate:
+                    self._skip(index, call_index, ledger, "the policy escalated the batch")
+                    raise PolicyDenied(
+                        f"round {index}: escalated to a human queue",
+                        details={**where, "to": list(escalate.to)},
+                        run_status=escalate.run_status,
+                    )
+                case Suspend() as ask:
+                    try:
+                        launch = await self._approval(
+                            index, call_index, decision, ask, launch, fallback, ledger
+                        )
+                    except UnattendedError as stop:
+                        self._skip(index, call_index, ledger, f"the approval ended: {stop.code}")
+                        raise
+                case Continue(modified=modified):
+                    if modified:
+                        launch.candidates = [list(c) for c in modified]
+                case _:
+                    assert_never(decision.outcome)
+            break
+        self.store.record_candidate_fates(
+            self.name,
+            index,
+            call_index,
+            ledger.settle(
+                launch.candidates,
+                fallback.candidates,
+                struck_by=launch.struck_by,
+                reason=f"struck by approver {launch.struck_by}"
+                if launch.struck_by
+                else "not in the batch that ran",
+            ),
+        )
+        await self._run_batch(index, launch)
+
+    async def _gate(
+        self, index: int, gate_id: int, fallback: FallbackBatch, feedback: list[Attempt[Any]]
+    ) -> Outcome[Proposal]:
+        """Call the gate, replaying the attempts the provenance already holds."""
+        spec = self.loaded.spec
+        recorded = [Attempt[Proposal].model_validate(row) for row in self.store.attempts(gate_id)]
+        producer_for_round = self.planner.for_round(self.surrogate, index)
+        settled = next((a for a in recorded if a.rejected_by is None), None)
+        if settled is not None:
+            self.planner.skip(len(recorded))
+            outcome = Outcome[Proposal].model_construct(
+                value=settled.value, disposition="accepted", attempts=tuple(recorded)
+            )
+            self.store.finish_gate_call(gate_id, "accepted", len(recorded))
+            return outcome
+        if len(recorded) >= spec.attempts:
+            self.planner.skip(len(recorded))
+            self.store.finish_gate_call(gate_id, "fallback", len(recorded))
+            return Outcome[Proposal].model_construct(
+                value=fallback.to_proposal(), disposition="fallback", attempts=tuple(recorded)
+            )
+
+        async def producer(previous: tuple[Attempt[Proposal], ...]) -> Proposal:
+            if previous:
+                self.store.record_attempt(gate_id, previous[-1])  # idempotent on its number
+                failpoint("after_attempt_recorded")
+            done = len(previous)
+            if done < len(recorded):
+                # Answered before a restart: replay the record, never ask again.
+                self.planner.skip(1)
+                replayed = recorded[done]
+                raise Rejected(replayed.reason or "rejected", check=replayed.rejected_by)
+            journal_key = AnswerJournal.key(gate_id, done + 1)
+            journaled = self.answers.get(journal_key) if self.answers is not None else None
+            if journaled is not None:
+                # Answered before a restart that came while its checks ran.
+                self.planner.skip(1)
+                if "rejected" in journaled:
+                    raise Rejected(journaled["reason"], check=journaled["rejected"])
+                return Proposal.model_validate_json(journaled["value"])
+            history = (*feedback, *recorded, *previous[len(recorded) :])
+            try:
+                proposal: Proposal = await producer_for_round(history)
+            except Rejected as exc:
+                self.planner.sync()
+                if self.answers is not None:
+                    self.answers.put(journal_key, {"rejected": exc.check, "reason": exc.reason})
+                raise
+            self.planner.sync()
+            if self.answers is not None:
+                self.answers.put(journal_key, {"value": proposal.model_dump_json()})
+            failpoint("after_answer")
+            return proposal
+
+        checks = [*planner_checks(self.bounds, spec.batch_size), *self.checks]
+        outcome = await accept(
+            producer,
+            checks=checks,
+            scores=self.scores,
+            attempts=spec.attempts,
+            fallback=fallback.to_proposal,
+            name="planner",
+        )
+        self.store.record_attempts(gate_id, outcome.attempts)
+        self.store.finish_gate_call(gate_id, outcome.disposition, len(outcome.attempts))
+        self.hooks.on_event(
+            "gate",
+            {"round": index, "disposition": outcome.disposition, "attempts": len(outcome.attempts)},
+        )
+        return outcome
+
+    def _verifier_hours(self, outcome: Outcome[Proposal]) -> float:
+        """Return what the gate's verifier tasks cost: one task per candidate it judged."""
+        if not self.node_hours_per_verifier:
+            return 0.0
+        tasks = 0
+        for attempt in outcome.attempts:
+            if any(verdict.check == VERIFIER_CHECK for verdict in attempt.verdicts):
+                tasks += len(getattr(attempt.value, "candidates", ()) or ())
+        return tasks * self.node_hours_per_verifier
+
+    def _launch_of(self, outcome: Outcome[Proposal]) -> _Launch:
+        candidates = [list(map(float, c)) for c in outcome.value.candidates]
+        hours = len(candidates) * self.node_hours_per_simulation
+        return _Launch(candidates, outcome.disposition, hours)
+
+    def _oversee(
+        self,
+        index: int,
+        call_index: int,
+        outcome: Outcome[Proposal],
+        launch: _Launch,
+        fallback: FallbackBatch,
+    ) -> CandidateLedger:
+        """Drop the candidates the policy's candidate rules refuse (topping up if it says so)."""
+        predictions = candidate_predictions(outcome.attempts, len(launch.candidates))
+        if launch.disposition != "accepted":
+            predictions = [None] * len(launch.candidates)  # the fallback was never verified
+        context = self._context(index, call_index, launch)
+        ledger = oversee(self.policy, context, launch.candidates, predictions, fallback.candidates)
+        self.store.record_candidate_fates(self.name, index, call_index, ledger.refused())
+        launch.candidates = ledger.planned()
+        launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
+        if not launch.candidates:
+            raise PolicyDenied(
+                f"round {index}: the policy refused every candidate",
+                details={"round": index, "call_index": call_index},
+            )
+        return ledger
+
+    def _skip(self, index: int, call_index: int, ledger: CandidateLedger, reason: str) -> None:
+        self.store.record_candidate_fates(self.name, index, call_index, ledger.skip(reason))
+
+    def _decide(self, index: int, call_index: int, launch: _Launch) -> Decision:
+        return self.policy.evaluate(self._context(index, call_index, launch))
+
+    def _context(self, index: int, call_index: int, launch: _Launch) -> RoundContext:
+        spec = self.loaded.spec
+        fallbacks = self.counters.fallbacks_with(launch.disposition)
+        return RoundContext(
+            campaign=self.name,
+            round_index=index,
+            attempt=call_index,
+            batch=BatchSummary(
+                size=len(launch.candidates),
+                candidates=launch.candidates,
+                node_hours=launch.node_hours,
+            ),
+            proposal_key=proposal_key(launch.candidates),
+            disposition=launch.disposition,  # type: ignore[arg-type]  # "accepted" | "fallback"
+            consecutive_fallbacks=fallbacks,
+            budget_spent=self.counters.spent,
+            budget_remaining=spec.budget_node_hours - self.counters.spent,
+            walltime_remaining=self._walltime_remaining(),
+            earlier_decisions=tuple(self.counters.decisions),
+            can_suspend=self.hooks.suspend is not None,
+            failed_last_batch=self.counters.failed_last_batch,
+        )
+
+    def _walltime_remaining(self) -> float | None:
+        """Return seconds left in the allocation: the executor's jobs, else the environment's."""
+        end = self.allocation_end() if self.allocation_end is not None else None
+        if end is None:
+            return self.allocation.remaining(self.now())
+        return max(0.0, end - self.now().timestamp())
+
+    def _check_recorded(self, index: int, seq: int, decision: Decision) -> None:
+        """A recorded decision is authoritative: a replay that derives another one stops."""
+        recorded = next(
+            (d for d in self.store.decisions(self.name, index) if d["seq"] == seq), None
+        )
+        if recorded is None or recorded["outcome"] == decision.outcome.kind:
+            return
+        details = {"round": index, "seq": seq, "recorded": recorded["outcome"]}
+        details["derived"] = decision.outcome.kind
+        self.store.record_event(self.name, "decision_mismatch", details=details)
+        raise DecisionMismatch(
+            f"round {index}: the recorded decision is {recorded['outcome']!r} but the current "
+            f"inputs derive {decision.outcome.kind!r}; the campaign stops instead of acting on "
+            "either (restore the inputs it was decided under)",
+            details=details,
+        )
+
+    def _policy_feedback(self, value: Proposal, decision: Decision, number: int) -> Attempt[Any]:
+        rule = decision.fired[0].rule if decision.fired else "policy"
+        return Attempt[Any].model_construct(
+            number=number,
+            value=value,
+            rejected_by=f"policy:{rule}",
+            reason=decision.feedback,
+            scores={},
+            verdicts=(),
+            duration=0.0,
+            trace_id=None,
+            span_id=None,
+        )
+
+    async def _approval(
+        self,
+        index: int,
+        call_index: int,
+        decision: Decision,
+        ask: Suspend,
+        launch: _Launch,
+        fallback: FallbackBatch,
+        ledger: CandidateLedger,
+    ) -> _Launch:
+        """Ask a human; return what to launch, or stop the round as the answer says."""
+        spec = self.loaded.spec
+        suspend = self.hooks.suspend
+        if suspend is None:  # the policy turns ASK into Escalate when it cannot suspend
+            raise PolicyDenied(
+                f"round {index}: no way to ask a human",
+                details={"round": index, "call_index": call_index},
+                run_status="escalated",
+            )
+        firing = decision.fired[0] if decision.fired else None
+        approvers = ask.approvers or tuple(spec.approvals.approvers)
+        key = f"{self.name}-r{index}-c{call_index}"
+        row = self.store.find_approval(key)
+        if row is None:
+            self.store.record_approval_request(
+                self.name,
+                index,
+                key=key,
+                rule=firing.rule if firing else None,
+                approvers=approvers,
+                description=None,
+                flow_run_id=self.hooks.flow_run_id,
+                # The allocation's window as this process sees it, recorded once: replays
+                # (maybe in another process, even off the allocation) and the watchdog
+                # read the deadline back from the row instead of recomputing it.
+                allocation_start=self.allocation.start,
+                allocation_end=self.allocation.end,
+            )
+            row = self.store.find_approval(key)
+            if row is None:
+                raise InternalError(
+                    f"approval request {key!r} was recorded but cannot be read back",
+                    details={"key": key},
+                )
+        request = ApprovalRequest(
+            campaign=self.name,
+            round_index=index,
+            call_index=call_index,
+            rule=firing.rule if firing else "policy",
+            reason=_why(firing) if firing else (decision.feedback or "policy asked"),
+            advice=firing.advice if firing else "",
+            approvers=approvers,
+            proposed=launch.candidates,
+            fallback=[list(c) for c in fallback.candidates],
+            node_hours=launch.node_hours,
+            budget_remaining=spec.budget_node_hours - self.counters.spent,
+            disposition=launch.disposition,
+            deadline=approval_deadline(row.requested_at, row.allocation_end, spec.approvals),
+            require_proof=decision.outcome.require_proof
+            if isinstance(decision.outcome, Suspend)
+            else False,
+            on_timeout=spec.approvals.on_timeout,
+            allow_override=spec.approvals.max_batch_override,
+            origins=tuple(ledger.planned_origins()),
+        )
+        judgement = await self._await_answer(request, row, suspend)
+        self.store.set_campaign_status(self.name, "running", round_index=index)
+        self.hooks.on_event(
+            "approval", {"round": index, "verdict": judgement.verdict, "by": judgement.approver}
+        )
+        if judgement.verdict == "rejected":
+            raise ApprovalRejected(
+                f"round {index}: approval rejected", details={"round": index, "key": request.key}
+            )
+        if judgement.verdict == "timeout":
+            if spec.approvals.on_timeout == "stop":
+                raise ApprovalTimeout(
+                    f"round {index}: approval timed out",
+                    details={"round": index, "key": request.key},
+                )
+            candidates = [list(c) for c in fallback.candidates]
+            return _Launch(candidates, "fallback", len(candidates) * self.node_hours_per_simulation)
+        if judgement.candidates and spec.approvals.max_batch_override:
+            launch.candidates = [launch.candidates[i] for i in sorted(judgement.candidates)]
+            launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
+            launch.struck_by = judgement.approver
+        elif judgement.batch_size and spec.approvals.max_batch_override:
+            launch.candidates = launch.candidates[: judgement.batch_size]
+            launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
+            launch.struck_by = judgement.approver
+        return launch
+
+    async def _await_answer(
+        self, request: ApprovalRequest, row: ApprovalRow | None, suspend: Suspender
+    ) -> Judgement:
+        """Replay recorded answers, then suspend until an allowed answer (or the deadline)."""
+        events = list(row.events) if row is not None else []
+        refused = 0
+        while True:
+            if refused < len(events):
+                event = events[refused]
+                if event.allowed:
+                    overrides = event.overrides if isinstance(event.overrides, dict) else {}
+                    subset = overrides.get("candidates")
+                    return Judgement(
+                        cast(Verdict, event.decision),
+                        event.decided_by or "",
+                        event.comment or "",
+                        overrides.get("batch_size"),
+                        candidates=tuple(subset) if subset else None,
+                    )
+                refused += 1
+                continue
+            self.store.set_campaign_status(
+                self.name, "awaiting_approval", round_index=request.round_index
+            )
+            self.hooks.on_event(
+                "suspend",
+                {
+                    "round": request.round_index,
+                    "key": request.pause_key(refused),
+                    "rule": request.rule,
+                    "approvers": list(request.approvers),
+                    "deadline": request.deadline.isoformat(timespec="seconds"),
+                },
+            )
+            failpoint("before_suspend")
+            answer = await suspend(request, refused)
+            codes = self.approver_codes
+            judgement = judge(
+                answer, request, now=self.now(), verify=codes.verify if codes else None
+            )
+            self.store.record_approval_event(
+                request.key,
+                decided_by=judgement.approver,
+                decision=judgement.verdict,
+                comment=judgement.comment,
+                overrides=_overrides(judgement),
+                allowed=judgement.verdict != "not_allowed",
+                event_key=request.pause_key(refused),
+                proof=judgement.proof,
+            )
+            failpoint("after_approval_recorded")
+            if judgement.verdict != "not_allowed":
+                return judgement
+            refused += 1
+
+    async def _run_batch(self, index: int, launch: _Launch) -> None:
+        """Launch (or reuse) the round's batch, learn from it, and checkpoint the round."""
+        spec = self.loaded.spec
+        remaining = spec.budget_node_hours - self.counters.spent
+        if launch.node_hours > remaining + 1e-9:
+            raise BudgetExceeded(
+                f"round {index}: batch exceeds the budget",
+                details={"round": index, "node_hours": launch.node_hours, "remaining": remaining},
+            )
+
+        def progress(result: SimulationResult) -> None:
+            self.hooks.on_event("task", {"round": index, "status": result.status})
+            failpoint("mid_batch")
+
+        results = await self.hooks.step(
+            f"launch round {index}", lambda: self.run_batch(index, launch.candidates, progress)
+        )
+        failpoint("after_batch")
+        await self.hooks.step(
+            f"assimilate round {index}", lambda: self._assimilate(index, launch, results)
+        )
+
+    async def _assimilate(
+        self, index: int, launch: _Launch, results: Sequence[SimulationResult]
+    ) -> None:
+        points: list[list[float]] = []
+        values: list[float] = []
+        for result in results:
+            value = result.value.get("value") if isinstance(result.value, dict) else result.value
+            if result.status == "done" and isinstance(value, int | float):
+                points.append(launch.candidates[result.index])
+                values.append(float(value))
+        if points:
+            self.surrogate.assimilate(points, values)
+        self.counters.after_batch(launch.disposition, launch.node_hours)
+        failed = sum(1 for r in results if r.status != "done")
+        self.counters.failed_last_batch = failed
+        with failpoint_in_commit(self.store, "checkpoint_commit"):
+            self.store.checkpoint_round(
+                self.name,
+                index,
+                surrogate_state=self.surrogate.to_state(),
+                policy_state={
+                    "policy": self.policy.to_state(),
+                    "campaign": self.counters.to_state(),
+                },
+                planner_state=self.planner.to_state(),
+                status="completed",
+            )
+        failpoint("after_checkpoint")
+        self.hooks.on_event(
+            "batch", {"round": index, "done": len(results) - failed, "failed": failed}
+        )

@@ -1,0 +1,196 @@
+"""What the round engine needs of its store: the ``CampaignStore`` protocol.
+
+The engine reads its checkpoint from the store and records every step in it
+(gate calls and attempts, decisions, approvals, batches, the round's
+checkpoint). :class:`flows._provenance.ProvenanceStore` is the one real
+implementation; the protocol lets the engine type-check against exactly the
+calls it makes, and nothing else of the store (readers, exports, migrations).
+
+Every write is idempotent on its natural key, so a replay from the top records
+nothing twice: that is part of the contract, not of this one implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from flows._provenance import (
+    ApprovalRow,
+    CampaignStatus,
+    CandidateFateRecord,
+    Checkpoint,
+    TaskResultRecord,
+)
+
+
+class SimulationResult(Protocol):
+    """What the engine reads of one simulation's result (``tasks.TaskResult`` or its record)."""
+
+    @property
+    def index(self) -> int:
+        """Position of the candidate in its batch."""
+        ...
+
+    @property
+    def status(self) -> str:
+        """``done``, ``failed``, ``timeout`` or ``cancelled``."""
+        ...
+
+    @property
+    def value(self) -> Any:
+        """The JSON value the simulation produced."""
+        ...
+
+
+class CampaignStore(Protocol):
+    """The provenance store as the round engine sees it (the checkpoint is the record)."""
+
+    def load_checkpoint(self, name: str) -> Checkpoint:
+        """Return where campaign ``name`` stands (nothing done yet if it is unknown)."""
+        ...
+
+    def set_campaign_status(
+        self,
+        name: str,
+        status: CampaignStatus,
+        error_code: str | None = None,
+        *,
+        round_index: int | None = None,
+    ) -> None:
+        """Set the campaign's status and, for a stopped run, its stable error code.
+
+        With ``round_index``, a stopped or waiting round takes the same status in
+        the same transaction.
+        """
+        ...
+
+    def start_round(self, name: str, index: int) -> None:
+        """Record round ``index`` as running (a recorded round is left as it is)."""
+        ...
+
+    def record_gate_call(
+        self,
+        name: str,
+        index: int,
+        call_index: int,
+        *,
+        gate: str,
+        budget: int,
+        fallback_hash: str | None,
+        fallback_value: Any,
+    ) -> int:
+        """Record a gate call with its fallback, before any attempt; return its id."""
+        ...
+
+    def attempts(self, gate_call_id: int) -> list[dict[str, Any]]:
+        """Return the attempts recorded for a gate call, by number."""
+        ...
+
+    def record_attempt(self, gate_call_id: int, attempt: Any) -> None:
+        """Record one ``acceptance.Attempt`` (idempotent on its number)."""
+        ...
+
+    def record_attempts(self, gate_call_id: int, attempts: Iterable[Any]) -> None:
+        """Record a gate call's attempts in one transaction."""
+        ...
+
+    def finish_gate_call(self, gate_call_id: int, disposition: str, attempts_used: int) -> None:
+        """Record how the gate call ended and how many attempts it used."""
+        ...
+
+    def record_decision(self, name: str, index: int, seq: int, record: Mapping[str, Any]) -> None:
+        """Record the round's policy decision number ``seq``."""
+        ...
+
+    def record_candidate_fates(
+        self, name: str, index: int, call_index: int, fates: Iterable[CandidateFateRecord]
+    ) -> None:
+        """Record what became of gate call ``call_index``'s candidates (first fate stands)."""
+        ...
+
+    def find_approval(self, key: str) -> ApprovalRow | None:
+        """Return approval ``key`` with its events, or None if it was never requested."""
+        ...
+
+    def record_approval_request(
+        self,
+        name: str,
+        index: int,
+        *,
+        key: str,
+        rule: str | None,
+        approvers: Iterable[str],
+        description: str | None,
+        flow_run_id: str | None,
+        allocation_start: datetime | None = None,
+        allocation_end: datetime | None = None,
+    ) -> None:
+        """Persist an approval request before the run suspends (idempotent on ``key``)."""
+        ...
+
+    def record_approval_event(
+        self,
+        key: str,
+        *,
+        decided_by: str | None,
+        decision: str,
+        comment: str | None = None,
+        overrides: Any = None,
+        allowed: bool,
+        event_key: str | None = None,
+        proof: str | None = None,
+    ) -> bool:
+        """Record one answer to approval ``key``; return True if it settled the request."""
+        ...
+
+    def decisions(self, name: str, index: int) -> list[dict[str, Any]]:
+        """Return round ``index``'s recorded policy decisions, by seq."""
+        ...
+
+    def record_event(
+        self,
+        name: str,
+        kind: str,
+        *,
+        flow_run_id: str | None = None,
+        actor: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one campaign-level event (fenced out, inputs revised, a mismatch, ...)."""
+        ...
+
+    def find_batch(self, key: str) -> Sequence[TaskResultRecord] | None:
+        """Return a finished batch's recorded results, or None if it has not finished."""
+        ...
+
+    def record_batch_launched(
+        self,
+        key: str,
+        *,
+        campaign: str,
+        round_index: int,
+        candidates: Iterable[Any],
+        backend: str,
+        relaunch: int = 0,
+    ) -> None:
+        """Record that batch ``key`` was launched (idempotent); ``relaunch`` > 0 for relaunches."""
+        ...
+
+    def record_batch_results(self, key: str, results: Iterable[Any]) -> None:
+        """Record batch ``key``'s results and mark it finished, in one transaction."""
+        ...
+
+    def checkpoint_round(
+        self,
+        name: str,
+        index: int,
+        *,
+        surrogate_state: Any,
+        policy_state: Any,
+        planner_state: Any,
+        status: str,
+    ) -> None:
+        """Finish round ``index`` with its states, in one transaction."""
+        ...

@@ -1,0 +1,159 @@
+"""The campaign as a Prefect flow: one deployment per campaign, approvals by suspend/resume.
+
+On resume Prefect runs the flow function again from the top in a new process.
+Everything here is replay-safe because ``CampaignEngine`` reads its checkpoint
+from the provenance database and skips finished work; Prefect task results are
+never cached or persisted (``NO_CACHE``), so the database is the only memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
+from prefect.context import FlowRunContext
+from prefect.flow_runs import suspend_flow_run
+from prefect.states import Cancelled, Completed, Failed
+
+from flows._engine._approval import ApprovalRequest, describe
+from flows._engine._direct import code_version, open_store, run_campaign
+from flows._engine._inputs import open_campaign
+from flows._engine._round import CampaignResult, Hooks
+from flows._paths import approvers_dir, campaign_dir, state_dir_from
+from flows._prefect._approval_form import Approval, approval_form
+from flows._prefect._connect import ui_url
+from flows._prefect._logging import install_log_filters
+from flows._prefect._server import flow_run_ui_url
+from flows._provenance import CampaignFenced, SpecChanged
+from flows._spec import load_campaign
+from flows._telemetry import configure_telemetry
+from policies import classify
+from tasks import load_site
+
+# code_version, open_store and run_campaign live in flows._engine._direct (no Prefect there) and
+# are re-exported here for the callers that import them from this module.
+__all__ = [
+    "FLOW_NAME",
+    "campaign_flow",
+    "code_version",
+    "final_state",
+    "open_store",
+    "run_campaign",
+]
+
+FLOW_NAME = "unattended-campaign"
+
+# The flow-run process imports this module to find the flow: its log filters go in first.
+install_log_filters()
+
+
+async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run one step of a round as a Prefect task, so the UI shows the round's progress."""
+
+    async def step() -> Any:
+        return await fn()
+
+    prefect_task = task(name=name, cache_policy=NO_CACHE, persist_result=False, retries=0)(step)
+    return await prefect_task()
+
+
+async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval:
+    """Suspend the flow run until an answer arrives on the request's form."""
+    form = approval_form(
+        batch_size=len(request.proposed),
+        description=describe(request),
+        allow_override=request.allow_override,
+        require_code=request.require_proof,
+    )
+    # suspend_flow_run dispatches sync/async; awaited inside a coroutine it is async.
+    answer = await suspend_flow_run(  # type: ignore[misc]
+        wait_for_input=form, key=request.pause_key(refused)
+    )
+    return cast(Approval, answer)
+
+
+def _event_logger() -> Callable[[str, Any], None]:
+    logger = get_run_logger()
+
+    def on_event(kind: str, data: Any) -> None:
+        if kind != "task":  # one line per simulation would flood the run's log
+            logger.info("%s %s", kind, dict(data))
+
+    return on_event
+
+
+@flow(name=FLOW_NAME, persist_result=False, log_prints=False, validate_parameters=True)
+async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | None = None) -> Any:
+    """Run (or continue) one campaign from its spec file."""
+    try:
+        return await _campaign(spec_path, site, state_dir)
+    except Exception as exc:
+        error = classify(exc)
+        if error.code != "storage_unavailable":
+            raise
+        # A full disk or a read-only directory: the runner's watchdog continues it later.
+        return Failed(message=f"campaign failed ({error.code}): {error.message}")
+
+
+async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
+    loaded = load_campaign(spec_path)
+    site_config = load_site(site, env=os.environ)
+    home = state_dir_from(state_dir, os.environ)
+    directory = campaign_dir(home, loaded.spec.name)
+    telemetry = configure_telemetry(
+        directory / "telemetry.jsonl",
+        campaign=loaded.spec.name,
+        otlp_endpoint=site_config.otlp_endpoint,
+    )
+    store = open_store(site_config, loaded, home)
+    context = FlowRunContext.get()
+    flow_run_id = str(context.flow_run.id) if context and context.flow_run else None
+    try:
+        # Every run checks the pins, including one created by hand through the API.
+        open_campaign(
+            store, loaded, site_config, code_version=code_version(), flow_run_id=flow_run_id
+        )
+        result = await run_campaign(
+            loaded,
+            site_config,
+            store,
+            Hooks(
+                step=_as_task,
+                suspend=_suspend_for,
+                flow_run_id=flow_run_id,
+                on_event=_event_logger(),
+            ),
+            env=os.environ,
+            work_dir=directory,
+            approvers_dir=approvers_dir(home),
+            run_link=lambda: (
+                (flow_run_ui_url(ui_url(), flow_run_id), flow_run_id) if flow_run_id else None
+            ),
+        )
+    except CampaignFenced as exc:
+        # Another run holds the campaign: end at once, recorded, without touching it.
+        return Cancelled(message=f"fenced out: {exc.message}")
+    except SpecChanged as exc:
+        return Failed(message=f"campaign failed ({exc.code}): {exc.message}")
+    finally:
+        telemetry.flush()
+        store.close()
+    return final_state(result)
+
+
+def final_state(result: CampaignResult) -> State[Any]:
+    """Map how the campaign ended onto the flow run's state (the database holds the detail)."""
+    data = {
+        "status": result.status,
+        "error_code": result.error_code,
+        "rounds_completed": result.rounds_completed,
+    }
+    if result.status == "completed":
+        return Completed(message="campaign completed", data=data)
+    return Failed(
+        message=f"campaign {result.status} ({result.error_code}): {result.message}", data=data
+    )

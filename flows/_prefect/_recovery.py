@@ -1,0 +1,318 @@
+"""Crashed runs come back by themselves: the runner's watchdog finds and continues them.
+
+Every ``watchdog_seconds`` the runner (``CampaignService``) looks at each campaign
+deployment:
+
+* a run that is *Running* or *Pending* but whose campaign lease says its process
+  is gone (same host: the holder's pid no longer exists) or expired
+  (``lease_ttl_seconds`` without a heartbeat), or that never took the lease within
+  the TTL, is an **orphan**: it is marked *Crashed* through the API (which also
+  frees the deployment's concurrency slot) and a ``orphan_crashed`` event is recorded;
+* when the campaign then has no active run and its newest run was *Crashed*,
+  *Cancelled* by a runner's own shutdown, or *Failed* with ``storage_unavailable``
+  (a bounded number of times, with backoff), and the provenance says the campaign
+  is still running or awaiting approval, a new run of the deployment is started
+  and a ``continued`` event records why. It reads the checkpoint and goes on.
+
+``recovery_note`` gives ``unattended status`` the same diagnosis in words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psutil
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterTags,
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.states import Crashed
+
+from flows._engine._direct import open_store
+from flows._engine._fencing import RecoverySettings
+from flows._paths import state_dir_from
+from flows._provenance import LeaseRow, ProvenanceStore
+from flows._spec import load_campaign
+from policies import UnattendedError
+from tasks import load_site
+
+# The message Prefect's runner puts on the runs it cancels when it stops.
+SHUTDOWN_MESSAGE = "Runner is shutting down."
+ACTIVE = {
+    StateType.SCHEDULED,
+    StateType.PENDING,
+    StateType.RUNNING,
+    StateType.PAUSED,
+    StateType.CANCELLING,
+}
+CONTINUABLE_STATUSES = frozenset({"running", "awaiting_approval"})
+TRANSIENT_CODE = "storage_unavailable"
+# Automatic continuations after a transient failure, per campaign and runner lifetime.
+MAX_TRANSIENT_CONTINUATIONS = 5
+
+_log = logging.getLogger(__name__)
+
+
+def _seconds_since(moment: datetime, now: datetime) -> float:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (now - moment).total_seconds()
+
+
+def flow_runs_alive_here() -> set[str]:
+    """Return the ids of the flow runs this process's descendants are executing.
+
+    Prefect's runner starts each flow run as a child process with
+    ``PREFECT__FLOW_RUN_ID`` in its environment; a run found here is alive, whatever
+    its lease says (it may still be starting, on a machine that is slow today).
+    """
+    alive = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            run_id = child.environ().get("PREFECT__FLOW_RUN_ID")
+            if run_id:
+                alive.add(run_id)
+    return alive
+
+
+def orphan_reason(
+    flow_run: FlowRun,
+    lease: LeaseRow | None,
+    settings: RecoverySettings,
+    now: datetime,
+    alive_here: frozenset[str] | set[str] = frozenset(),
+    runner_started: datetime | None = None,
+) -> str | None:
+    """Return why a Running/Pending run is an orphan, or None when it looks alive.
+
+    A run holding the lease is an orphan when the lease's process is gone or the
+    lease expired. A run without it is one only when it got to its state before
+    this runner started (``runner_started``; None: no runner) and longer than the
+    lease TTL ago: the runner that moved it there is gone, and a run this runner
+    starts is its own (Prefect marks it Crashed if its process dies).
+    """
+    state = flow_run.state
+    if state is None or state.type not in {StateType.RUNNING, StateType.PENDING}:
+        return None
+    if str(flow_run.id) in alive_here:
+        return None
+    if lease is not None and lease.owner == str(flow_run.id) and not lease.released:
+        if lease.holder_gone():
+            return f"its process (pid {lease.pid}) is gone"
+        if lease.expired(now):
+            return f"lease expired {_seconds_since(lease.expires_at, now):.0f} s ago"
+        return None
+    age = _seconds_since(state.timestamp, now)
+    before_us = runner_started is None or _seconds_since(state.timestamp, runner_started) > 0
+    if before_us and age > settings.lease_ttl_seconds:
+        return f"{state.type.value.lower()} for {age:.0f} s without holding the campaign's lease"
+    return None
+
+
+def _may_need_action(runs: list[FlowRun], now: datetime) -> bool:
+    """Return whether a sweep could act on these runs (judged from Prefect's states alone).
+
+    Only a Running or Pending run can be an orphan, and only a campaign with no active
+    run whose newest run ended in a way worth continuing can be continued. Anything
+    else (a completed campaign, one waiting for approval) is skipped before its spec and
+    provenance are opened: the watchdog runs every few seconds over every campaign.
+    """
+    if any(_state_type(r) in {StateType.RUNNING, StateType.PENDING} for r in runs):
+        return True
+    if any(_state_type(r) in ACTIVE for r in runs):
+        return False
+    return continuation_reason(max(runs, key=lambda r: r.created or now)) is not None
+
+
+def _state_type(flow_run: FlowRun) -> StateType | None:
+    return flow_run.state.type if flow_run.state is not None else None
+
+
+def continuation_reason(flow_run: FlowRun) -> str | None:
+    """Return why an ended run should be continued by a new one, or None."""
+    state = flow_run.state
+    if state is None:
+        return None
+    if state.type == StateType.CRASHED:
+        return "its run crashed"
+    if state.type == StateType.CANCELLED and (state.message or "") == SHUTDOWN_MESSAGE:
+        return "its run was cancelled by a runner's shutdown"
+    if state.type == StateType.FAILED and f"({TRANSIENT_CODE})" in (state.message or ""):
+        return "its run failed on storage (disk full, read-only or locked)"
+    return None
+
+
+def campaign_store(flow_run_or_params: FlowRun | dict[str, Any]) -> tuple[str, ProvenanceStore]:
+    """Open the provenance store of a campaign run from its parameters."""
+    params = (
+        flow_run_or_params.parameters
+        if isinstance(flow_run_or_params, FlowRun)
+        else flow_run_or_params
+    )
+    loaded = load_campaign(params["spec_path"])
+    site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
+    home = state_dir_from(params.get("state_dir"), os.environ)
+    return loaded.spec.name, open_store(site, loaded, home)
+
+
+def _status(store: ProvenanceStore, name: str) -> tuple[str | None, str | None]:
+    found = next((c for c in store.campaigns() if c["name"] == name), None)
+    return (found["status"], found["error_code"]) if found else (None, None)
+
+
+@dataclass
+class Watchdog:
+    """What the runner's watchdog remembers between sweeps (transient retries per campaign)."""
+
+    settings: RecoverySettings
+    state_dir: Path | None = None
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    transient_continuations: dict[str, int] = field(default_factory=dict)
+    not_before: dict[str, datetime] = field(default_factory=dict)
+
+    async def sweep(self, *, now: datetime | None = None) -> list[str]:
+        """Crash orphans and continue interrupted campaigns; return what was done."""
+        moment = now or datetime.now(UTC)
+        done: list[str] = []
+        async with get_client() as client:
+            deployments = await client.read_deployments(
+                deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=["unattended"]))
+            )
+            for deployment in deployments:
+                if not self._mine(dict(deployment.parameters)):
+                    continue
+                try:
+                    done += await self._sweep_one(client, deployment, moment)
+                except UnattendedError as exc:  # a spec that no longer loads: a human's call
+                    _log.warning("watchdog: %s: %s", deployment.name, exc.code)
+        return done
+
+    async def _sweep_one(self, client: Any, deployment: Any, now: datetime) -> list[str]:
+        runs: list[FlowRun] = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])
+            ),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=20,
+        )
+        if not runs or not _may_need_action(runs, now):
+            return []
+        name, store = campaign_store(dict(deployment.parameters))
+        done = []
+        alive = flow_runs_alive_here()
+        try:
+            lease = store.lease(name)
+            for run in runs:
+                reason = orphan_reason(run, lease, self.settings, now, alive, self.started)
+                if reason is None:
+                    continue
+                await client.set_flow_run_state(
+                    run.id, Crashed(message=f"orphaned: {reason}"), force=True
+                )
+                store.record_event(
+                    name, "orphan_crashed", flow_run_id=str(run.id), details={"why": reason}
+                )
+                done.append(f"crashed {run.id}: {reason}")
+                runs = await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])
+                    ),
+                    sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                    limit=20,
+                )
+            if any(r.state is not None and r.state.type in ACTIVE for r in runs):
+                return done
+            newest = max(runs, key=lambda r: r.created or now)
+            why = continuation_reason(newest)
+            status, code = _status(store, name)
+            resumable = status in CONTINUABLE_STATUSES or (
+                status == "failed" and code == TRANSIENT_CODE
+            )
+            if why is None or not resumable or not self._may_continue(name, newest, now):
+                return done
+            from prefect.deployments import run_deployment
+
+            started: FlowRun = await run_deployment(  # type: ignore[misc]
+                deployment.id, timeout=0, tags=list(deployment.tags or [])
+            )
+            store.record_event(
+                name,
+                "continued",
+                flow_run_id=str(started.id),
+                details={"after": str(newest.id), "why": why},
+            )
+            done.append(f"continued {name} as {started.id}: {why}")
+        finally:
+            store.close()
+        return done
+
+    def _mine(self, params: dict[str, Any]) -> bool:
+        """A runner recovers the campaigns of its own state directory only."""
+        if self.state_dir is None:
+            return True
+        return state_dir_from(params.get("state_dir"), os.environ) == self.state_dir
+
+    def _may_continue(self, name: str, newest: FlowRun, now: datetime) -> bool:
+        """Bound the continuations after transient failures, with a doubling pause."""
+        state = newest.state
+        if state is None or state.type != StateType.FAILED:
+            return True
+        count = self.transient_continuations.get(name, 0)
+        if count >= MAX_TRANSIENT_CONTINUATIONS:
+            return False
+        not_before = self.not_before.get(name)
+        if not_before is not None and now < not_before:
+            return False
+        self.transient_continuations[name] = count + 1
+        self.not_before[name] = now + timedelta(seconds=self.settings.watchdog_seconds * 2**count)
+        return True
+
+
+def recovery_note_of(flow_run_id: UUID, *, runner_alive: bool) -> str | None:
+    """Return ``recovery_note`` for the run ``flow_run_id`` (read through Prefect's client)."""
+
+    async def read() -> FlowRun:
+        async with get_client() as client:
+            return await client.read_flow_run(flow_run_id)
+
+    return recovery_note(asyncio.run(read()), runner_alive=runner_alive)
+
+
+def recovery_note(flow_run: FlowRun, *, runner_alive: bool) -> str | None:
+    """Say whether the system is about to recover ``flow_run``'s campaign, when and why."""
+    settings = RecoverySettings.from_env(os.environ)
+    now = datetime.now(UTC)
+    try:
+        name, store = campaign_store(flow_run)
+    except (UnattendedError, OSError, KeyError):
+        return None
+    try:
+        reason = orphan_reason(flow_run, store.lease(name), settings, now)
+        status, code = _status(store, name)
+    finally:
+        store.close()
+    who = (
+        f"the runner continues it within {settings.watchdog_seconds:.0f} s"
+        if runner_alive
+        else "no runner is serving: 'unattended serve --detach' continues it"
+    )
+    if reason is not None:
+        return f"orphaned: {reason}; {who}"
+    why = continuation_reason(flow_run)
+    resumable = status in CONTINUABLE_STATUSES or (status == "failed" and code == TRANSIENT_CODE)
+    if why is not None and resumable:
+        return f"interrupted: {why}; {who}"
+    return None

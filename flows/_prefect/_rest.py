@@ -1,0 +1,312 @@
+"""Prefect's REST API over the standard library, for the commands that must answer at once.
+
+``unattended status``, ``approvals`` and ``approve`` list, read and resume flow
+runs. Importing Prefect's client costs about a second of CPU (it pulls in the
+whole SDK, SQLAlchemy and the result machinery); these calls are three JSON
+endpoints, stable across Prefect 3 (``POST /flow_runs/filter``,
+``GET /flow_runs/{id}``, ``POST /flow_runs/{id}/resume``), so this module speaks
+them directly and imports nothing of Prefect. ``tests/flows/test_fast_commands.py``
+pins that.
+
+Authentication follows Prefect's client: ``PREFECT_API_AUTH_STRING``
+(``user:password``) is sent as HTTP basic auth, else ``PREFECT_API_KEY`` as a
+bearer token. Call ``flows._prefect._connect.connect`` first: it sets
+``PREFECT_API_URL``.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import random
+import ssl
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from flows._prefect._server import ServerError
+from policies import NotFound, UnattendedError
+
+# Tags every campaign run carries (``flows._prefect._service`` sets them).
+CAMPAIGN_TAG: Final = "unattended"
+_TIMEOUT_SECONDS: Final = 30.0
+# The run turns Suspended a moment before its form's schema is stored; an answer in
+# that window is refused with this reason, so it is retried briefly.
+_SCHEMA_NOT_STORED: Final = "schema not found"
+_SCHEMA_WAIT_SECONDS: Final = 10.0
+_SCHEMA_RETRY_SECONDS: Final = 0.25
+# Prefect's client retries these statuses 5 times (PREFECT_CLIENT_MAX_RETRIES).
+RETRIES: Final = 5
+_BUSY: Final = frozenset({429, 502, 503})
+
+
+def _backoff(attempt: int, retry_after: str | None) -> float:
+    """Return the seconds to wait before asking again: the server's word, else 2^n/4 s."""
+    if retry_after is not None:
+        try:
+            return min(float(retry_after), 30.0)
+        except ValueError:
+            pass
+    jitter = 1 + random.random() / 2  # noqa: S311  # spreading retries, not a secret
+    return float(min(0.25 * 2**attempt, 8.0) * jitter)
+
+
+class ResumeRefusedError(UnattendedError):
+    """The server refused the answer (invalid for the form, or the run is not suspended)."""
+
+    code = "validation_failed"
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the commands show of a flow run (a slice of Prefect's ``FlowRun`` JSON)."""
+
+    id: UUID
+    name: str
+    state_type: str
+    state_name: str
+    state_message: str
+    pause_key: str
+    tags: tuple[str, ...] = ()
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def paused(self) -> bool:
+        """Return whether the run waits (suspended for an approval)."""
+        return self.state_type == "PAUSED"
+
+    @property
+    def campaign(self) -> str:
+        """Return the campaign named by the run's ``campaign:<name>`` tag, or ``?``."""
+        return next((t.split(":", 1)[1] for t in self.tags if t.startswith("campaign:")), "?")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunView:
+        """Build the view from the API's flow-run object."""
+        state = data.get("state") or {}
+        details = state.get("state_details") or {}
+        return cls(
+            id=UUID(str(data["id"])),
+            name=str(data.get("name") or ""),
+            state_type=str(state.get("type") or "UNKNOWN"),
+            state_name=str(state.get("name") or "?"),
+            state_message=str(state.get("message") or ""),
+            pause_key=str(details.get("pause_key") or ""),
+            tags=tuple(data.get("tags") or ()),
+            parameters=dict(data.get("parameters") or {}),
+        )
+
+
+def auth_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """Return the ``Authorization`` header Prefect's own client would send, if any."""
+    auth_string = env.get("PREFECT_API_AUTH_STRING")
+    if auth_string:
+        token = base64.b64encode(auth_string.encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    api_key = env.get("PREFECT_API_KEY")
+    if api_key:
+        return {"Authorization": f"Bearer {api_key}"}
+    return {}
+
+
+def tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
+    """Return the TLS context for an ``https://`` API, honouring Prefect's two TLS settings."""
+    if env.get("PREFECT_API_TLS_INSECURE_SKIP_VERIFY", "").lower() in ("1", "true"):
+        return ssl._create_unverified_context()  # noqa: S323  # the user asked for it, as in Prefect
+    return ssl.create_default_context(cafile=env.get("PREFECT_API_SSL_CERT_FILE") or None)
+
+
+class Api:
+    """A connection to ``PREFECT_API_URL`` that sends and reads JSON.
+
+    The standard library's ``http.client``: importing httpx pulls in rich, click and
+    pygments (its command line), ~0.1-0.3 s that a one-request command cannot afford.
+    """
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        url = env.get("PREFECT_API_URL", "")
+        if not url:
+            raise ServerError("PREFECT_API_URL is not set", details={"variable": "PREFECT_API_URL"})
+        self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ServerError(
+                f"PREFECT_API_URL is not an http(s) URL: {self.url}",
+                details={"variable": "PREFECT_API_URL"},
+            )
+        self._prefix = parts.path
+        self._headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            **auth_headers(env),
+        }
+        self._connection: http.client.HTTPConnection = (
+            http.client.HTTPSConnection(
+                parts.hostname, parts.port, timeout=_TIMEOUT_SECONDS, context=tls_context(env)
+            )
+            if parts.scheme == "https"
+            else http.client.HTTPConnection(parts.hostname, parts.port, timeout=_TIMEOUT_SECONDS)
+        )
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """Send one request; return the status and the decoded JSON body (None if empty).
+
+        Like Prefect's client, a busy server (429, 502, 503: SQLite's "database is
+        locked" under load) is asked again, up to ``RETRIES`` times with backoff.
+
+        Raises:
+            ServerError: The API cannot be reached, or refused the credentials.
+        """
+        payload = None if body is None else json.dumps(body).encode()
+        for attempt in range(RETRIES + 1):
+            try:
+                self._connection.request(
+                    method, f"{self._prefix}/{path}", body=payload, headers=self._headers
+                )
+                response = self._connection.getresponse()
+                raw = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self._connection.close()
+                if attempt < RETRIES and isinstance(
+                    exc, ConnectionError | http.client.HTTPException
+                ):
+                    time.sleep(_backoff(attempt, None))
+                    continue
+                raise ServerError(
+                    f"cannot reach the Prefect API at {self.url}: {type(exc).__name__}",
+                    details={"api_url": self.url},
+                ) from exc
+            if response.status in _BUSY and attempt < RETRIES:
+                time.sleep(_backoff(attempt, response.getheader("Retry-After")))
+                continue
+            break
+        if response.status in (401, 403):
+            raise ServerError(
+                f"the Prefect API refused the credentials ({response.status}); "
+                "check PREFECT_API_AUTH_STRING",
+                details={"status": response.status},
+            )
+        return response.status, (json.loads(raw) if raw else None)
+
+    def checked(self, method: str, path: str, body: Any = None) -> Any:
+        """Like ``call``, raising ``ServerError`` for any error status."""
+        status, data = self.call(method, path, body)
+        if status >= 400:
+            raise ServerError(
+                f"the Prefect API answered {status} for {method} /{path}",
+                details={"status": status},
+            )
+        return data
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._connection.close()
+
+
+@contextmanager
+def api(env: Mapping[str, str]) -> Iterator[Api]:
+    """Yield an ``Api`` for ``PREFECT_API_URL``, closed on exit."""
+    connection = Api(env)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def request(env: Mapping[str, str], method: str, path: str, body: Any = None) -> Any:
+    """Send one request to ``PREFECT_API_URL`` (retried while the server is busy); return its JSON.
+
+    Raises:
+        ServerError: The API cannot be reached, refused the credentials or answered an error.
+    """
+    with api(env) as client:
+        return client.checked(method, path, body)
+
+
+def filter_runs(
+    env: Mapping[str, str], *, state_types: list[str] | None = None, limit: int = 50
+) -> list[RunView]:
+    """Return campaign runs (optionally only those in ``state_types``), newest first."""
+    flow_runs: dict[str, Any] = {"tags": {"all_": [CAMPAIGN_TAG]}}
+    if state_types:
+        flow_runs["state"] = {"type": {"any_": state_types}}
+    body = {"flow_runs": flow_runs, "sort": "START_TIME_DESC", "limit": limit, "offset": 0}
+    return [RunView.from_json(item) for item in request(env, "POST", "flow_runs/filter", body)]
+
+
+def _read(client: Api, flow_run_id: UUID) -> RunView:
+    status, data = client.call("GET", f"flow_runs/{flow_run_id}")
+    if status == 404:
+        raise NotFound(f"no flow run {flow_run_id}", details={"flow_run_id": str(flow_run_id)})
+    if status >= 400:
+        raise ServerError(f"the Prefect API answered {status} for flow run {flow_run_id}")
+    return RunView.from_json(data)
+
+
+def read_run(env: Mapping[str, str], flow_run_id: UUID) -> RunView:
+    """Return one flow run, or raise ``NotFound``."""
+    with api(env) as client:
+        return _read(client, flow_run_id)
+
+
+def resume(env: Mapping[str, str], flow_run_id: UUID, run_input: Mapping[str, Any]) -> None:
+    """Resume a suspended run with ``run_input``, exactly as the UI's form does.
+
+    Raises:
+        ResumeRefusedError: The run does not wait, or the server refused the input.
+    """
+    deadline = time.monotonic() + _SCHEMA_WAIT_SECONDS
+    with api(env) as client:
+        while True:
+            if not _read(client, flow_run_id).paused:
+                raise ResumeRefusedError(
+                    f"flow run {flow_run_id} is not waiting for approval",
+                    details={"flow_run_id": str(flow_run_id)},
+                )
+            result = client.checked(
+                "POST", f"flow_runs/{flow_run_id}/resume", {"run_input": dict(run_input)}
+            )
+            reason = str((result.get("details") or {}).get("reason") or "")
+            if _SCHEMA_NOT_STORED not in reason.lower() or time.monotonic() > deadline:
+                break
+            time.sleep(_SCHEMA_RETRY_SECONDS)
+    if str(result.get("status", "")).upper() != "ACCEPT":
+        raise ResumeRefusedError(
+            f"the server refused the answer for flow run {flow_run_id}: {reason or 'refused'}",
+            details={"flow_run_id": str(flow_run_id)},
+        )
+
+
+def approve(
+    env: Mapping[str, str],
+    flow_run_id: UUID,
+    *,
+    approver: str,
+    reject: bool = False,
+    comment: str = "",
+    batch_size: int | None = None,
+    code: str | None = None,
+    candidates: list[int] | None = None,
+) -> None:
+    """Answer a request as ``approver`` on the run's approval form (see ``resume``).
+
+    ``code`` is the approver's one-time code, for rules that require proof;
+    ``candidates`` the indices approved when approving a subset.
+    """
+    run_input: dict[str, Any] = {
+        "decision": "reject" if reject else "approve",
+        "approver": approver,
+        "comment": comment,
+    }
+    if batch_size is not None:
+        run_input["batch_size"] = batch_size
+    if code is not None:
+        run_input["code"] = code
+    if candidates is not None:
+        run_input["candidates"] = candidates
+    resume(env, flow_run_id, run_input)

@@ -1,0 +1,209 @@
+"""The runner starts flow runs from a warm forkserver, and wakes up when nudged.
+
+Real Prefect server, real runner (``CampaignService``), the real demo campaign.
+How much faster this is lives in ``benchmarks/latency.py``, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+
+def one_round_demo(tmp_path: Path, name: str) -> Path:
+    """Copy the demo campaign, renamed and cut to one round; return its spec."""
+    for item in EXAMPLES.iterdir():
+        shutil.copy(item, tmp_path / item.name)
+    spec = tmp_path / "campaign.toml"
+    text = spec.read_text().replace('name = "demo"', f'name = "{name}"')
+    spec.write_text(text.replace("rounds = 4", "rounds = 1"))
+    return spec
+
+
+def flow_run_logs(flow_run_id: UUID) -> list[str]:
+    """Return the run's log messages as the API stores them."""
+    from flows._prefect._rest import api
+
+    body = {"logs": {"flow_run_id": {"any_": [str(flow_run_id)]}}, "limit": 200}
+    with api(os.environ) as client:
+        return [row["message"] for row in client.checked("POST", "logs/filter", body)]
+
+
+async def state_of(flow_run_id: UUID) -> str:
+    from flows._prefect._service import read_run
+
+    run = await read_run(flow_run_id)
+    return run.state.type.value if run.state else "NONE"
+
+
+class TestWarmStart:
+    @pytest.mark.asyncio
+    async def test_a_run_forked_from_the_warm_parent_completes_with_its_logs_at_the_api(
+        self, prefect_server, tmp_path
+    ):
+        from prefect.runner import _starter_direct
+
+        from flows._prefect._service import CampaignService, submit_campaign
+        from flows._prefect._warm_start import run_flow_in_forkserver
+
+        spec = one_round_demo(tmp_path, "warm-logs")
+        submitted = await submit_campaign(spec, state_dir=tmp_path / "home")
+        await CampaignService(query_seconds=0.5).run_once()
+        assert _starter_direct.run_flow_in_subprocess is run_flow_in_forkserver
+        assert await state_of(submitted.flow_run_id) == "COMPLETED"
+        messages = flow_run_logs(submitted.flow_run_id)
+        assert any(m.startswith("Finished in state Completed") for m in messages)
+
+
+class TestNudge:
+    @pytest.mark.asyncio
+    async def test_a_nudge_starts_a_new_campaign_the_runner_would_not_poll_for(
+        self, prefect_server, tmp_path
+    ):
+        """With hour-long polls and watches, only the nudge can start the run."""
+        from flows._prefect._nudge import NUDGE_SIGNAL
+        from flows._prefect._service import CampaignService, submit_campaign
+
+        service = CampaignService(query_seconds=3600, watch_seconds=3600)
+        serving = asyncio.create_task(service.serve())
+        try:
+            while not service.runner.started:  # noqa: ASYNC110  # Prefect's flag, no event
+                await asyncio.sleep(0.05)
+            spec = one_round_demo(tmp_path, "nudged")
+            submitted = await submit_campaign(spec, state_dir=tmp_path / "home")
+            os.kill(os.getpid(), NUDGE_SIGNAL)
+            ended = ("COMPLETED", "FAILED", "CRASHED")
+            while await state_of(submitted.flow_run_id) not in ended:  # noqa: ASYNC110  # the API
+                await asyncio.sleep(0.2)
+            assert await state_of(submitted.flow_run_id) == "COMPLETED"
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+
+
+@pytest.fixture(scope="class")
+def serving(prefect_server, tmp_path_factory):
+    """``unattended serve`` up in its own state directory; yields (env, folder, log)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path_factory.mktemp("via-runner")
+    env = {**os.environ, "UNATTENDED_HOME": str(folder / "home"), "PYTHONWARNINGS": ""}
+    log = folder / "runner.log"
+    with log.open("wb") as out:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "flows._cli", "serve"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        while "serving campaign runs" not in log.read_text():
+            assert runner.poll() is None, log.read_text()
+            time.sleep(0.1)
+        yield env, folder, log
+    finally:
+        os.killpg(runner.pid, signal.SIGTERM)
+        runner.wait(timeout=60)
+
+
+def submit_cold(env: dict[str, str], spec: Path):
+    """Run ``unattended submit SPEC`` in a fresh interpreter under ``-X importtime``."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "flows._cli", "submit", str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+class TestSubmitThroughTheRunner:
+    def test_submit_hands_the_campaign_to_the_running_runner_without_importing_prefect(
+        self, serving
+    ):
+        """``unattended submit`` with ``unattended serve`` up: the runner submits and runs it.
+
+        The command imports neither Prefect nor the planners and the engine (numpy): the
+        runner, which has them imported, validates the campaign.
+        """
+        import re
+        import time
+
+        from flows._prefect import _rest as rest
+
+        env, folder, log = serving
+        spec = one_round_demo(folder, "via-runner")
+        done = submit_cold(env, spec)
+        assert done.returncode == 0, done.stderr[-2000:] + log.read_text()[-2000:]
+        assert not re.search(r"\| +prefect(\.|$)", done.stderr, re.MULTILINE)
+        assert not re.search(r"\| +numpy(\.|$)", done.stderr, re.MULTILINE)
+        found = re.search(r"flow run ([0-9a-f-]{36})", done.stdout)
+        assert found is not None
+        flow_run_id = UUID(found.group(1))
+        while rest.read_run(env, flow_run_id).state_type not in ("COMPLETED", "FAILED"):
+            time.sleep(0.2)
+        assert rest.read_run(env, flow_run_id).state_type == "COMPLETED"
+        assert list((folder / "home" / "submissions").iterdir()) == []
+
+    def test_bad_input_handed_to_the_runner_is_refused_with_its_field_and_nothing_registered(
+        self, serving
+    ):
+        from flows._prefect import _rest as rest
+
+        env, folder, log = serving
+        (folder / "bad").mkdir()
+        spec = one_round_demo(folder / "bad", "via-runner-bad")
+        spec.write_text(spec.read_text().replace("rounds = 1", "rounds = -3"))
+        done = submit_cold(env, spec)
+        assert done.returncode == 2, done.stdout + done.stderr[-2000:] + log.read_text()[-2000:]
+        assert "rounds" in done.stderr.splitlines()[-1]
+        with rest.api(env) as client:
+            body = {"deployments": {"name": {"any_": ["via-runner-bad"]}}}
+            assert client.checked("POST", "deployments/filter", body) == []
+        assert list((folder / "home" / "submissions").iterdir()) == []
+
+
+class TestRunnerCommand:
+    """A nudge goes to a runner however it was started, and never to another process."""
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["/venv/bin/python", "-m", "flows._cli", "serve"],
+            ["/venv/bin/python", "/venv/bin/unattended", "serve"],
+            ["/venv/bin/unattended", "serve", "--detach"],
+        ],
+    )
+    def test_a_runner_is_recognised(self, argv):
+        from flows._prefect._nudge import is_runner_command
+
+        assert is_runner_command(argv)
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["/venv/bin/unattended", "status"],
+            ["/venv/bin/python", "-m", "http.server", "serve"],
+            ["/usr/bin/vim", "unattended"],
+        ],
+    )
+    def test_another_process_is_not(self, argv):
+        from flows._prefect._nudge import is_runner_command
+
+        assert not is_runner_command(argv)
