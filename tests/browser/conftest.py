@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from flows._server import ServerHandle
+from flows._prefect._server import ServerHandle
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (

@@ -10,13 +10,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 from uuid import UUID
 
+import pyotp
 import pytest
 
+from flows._engine._proof import ApproverCodes
+from flows._paths import approvers_dir
+from flows._prefect._server import ServerHandle, flow_run_ui_url
+from flows._prefect._service import CampaignService, read_run, submit_campaign
 from flows._provenance import ProvenanceStore
-from flows._server import ServerHandle, flow_run_ui_url
-from flows._service import CampaignService, read_run, submit_campaign
 
 pytestmark = [
     pytest.mark.integration,
@@ -30,10 +34,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
 UI_TIMEOUT_MS = 60_000  # the first page load took 7 s on a busy 2-core box; allow for worse
 
 
-def demo_copy(tmp_path: Path, name: str) -> Path:
+def demo_copy(tmp_path: Path, name: str, *, require_proof: bool = False) -> Path:
     """Copy the approval demo into ``tmp_path`` as campaign ``name``; return the spec path."""
     for item in EXAMPLES.iterdir():
         shutil.copy(item, tmp_path / item.name)
+    if require_proof:
+        policy = tmp_path / "approval-policy.toml"
+        rule = 'approvers = ["alice", "bob"]\n'
+        policy.write_text(policy.read_text().replace(rule, rule + "require_proof = true\n"))
     spec = tmp_path / "campaign-approval.toml"
     spec.write_text(spec.read_text().replace('name = "demo-approval"', f'name = "{name}"'))
     return spec
@@ -46,6 +54,15 @@ async def state_of(flow_run_id: UUID) -> str:
     return run.state.type.value
 
 
+def round_view(home: Path, name: str, index: int) -> dict[str, Any]:
+    """Return round ``index`` of campaign ``name`` as the provenance database holds it."""
+    store = ProvenanceStore.open(home / "campaigns" / name)
+    try:
+        return store.round_view(name, index)
+    finally:
+        store.close()
+
+
 def approval_record(home: Path, name: str) -> Any:
     """Return the round-2 approval of campaign ``name`` from its provenance database."""
     store = ProvenanceStore.open(home / "campaigns" / name)
@@ -55,21 +72,48 @@ def approval_record(home: Path, name: str) -> Any:
         store.close()
 
 
-async def suspended_campaign(tmp_path: Path, name: str) -> tuple[UUID, Path, CampaignService]:
+async def suspended_campaign(
+    tmp_path: Path, name: str, *, require_proof: bool = False
+) -> tuple[UUID, Path, CampaignService]:
     """Submit the demo as ``name`` and drive the runner until it waits for approval."""
     home = tmp_path / "home"
-    submitted = await submit_campaign(demo_copy(tmp_path, name), state_dir=home)
+    spec = demo_copy(tmp_path, name, require_proof=require_proof)
+    submitted = await submit_campaign(spec, state_dir=home)
     service = CampaignService(query_seconds=0.5)
     await service.run_once()
     assert await state_of(submitted.flow_run_id) == "PAUSED"
     return submitted.flow_run_id, home, service
 
 
-async def open_resume_form(page: Any, url: str, *, menu_shot: Path | None = None) -> Any:
-    """Open the run page, then Resume from the page's menu; return the dialog."""
+async def log_in(page: Any, server: ServerHandle, *, secret: str | None = None) -> Any:
+    """Open the UI and answer its login prompt with ``secret`` (the server's by default).
+
+    Returns the prompt's field (hidden once the secret was taken).
+    """
     from playwright.async_api import expect
 
-    await page.goto(url)
+    await page.goto(f"{server.ui_url}/v2")
+    field = page.get_by_placeholder("admin:pass")
+    await expect(field).to_be_visible(timeout=UI_TIMEOUT_MS)
+    await field.fill(secret if secret is not None else server.auth_string or "")
+    await page.get_by_role("button", name="Login").click()
+    return field
+
+
+async def open_resume_form(
+    page: Any,
+    server: ServerHandle,
+    run_id: UUID,
+    *,
+    menu_shot: Path | None = None,
+    logged_in: bool = False,
+) -> Any:
+    """Log in (once per browser), open the run page, Resume from its menu; return the dialog."""
+    from playwright.async_api import expect
+
+    if not logged_in:
+        await expect(await log_in(page, server)).to_be_hidden(timeout=UI_TIMEOUT_MS)
+    await page.goto(flow_run_ui_url(server.ui_url, run_id))
     await expect(page.get_by_text("Suspended").first).to_be_visible(timeout=UI_TIMEOUT_MS)
     await page.locator("main").get_by_role("button", name="Open menu").click()
     resume = page.get_by_role("menuitem", name="Resume")
@@ -78,22 +122,50 @@ async def open_resume_form(page: Any, url: str, *, menu_shot: Path | None = None
         await page.screenshot(path=str(menu_shot))
     await resume.click()
     dialog = page.get_by_role("dialog")
-    await expect(dialog.get_by_role("heading", name="Proposed batch")).to_be_visible(
+    await expect(dialog.get_by_text("Proposed batch (8 candidates;")).to_be_visible(
         timeout=UI_TIMEOUT_MS
     )
     return dialog
 
 
 async def fill_form(
-    dialog: Any, *, approver: str, comment: str, batch_size: int | None = None
+    dialog: Any,
+    *,
+    approver: str,
+    comment: str,
+    batch_size: int | None = None,
+    decision: str = "approve",
+    code: str | None = None,
+    candidates: tuple[int, ...] = (),
 ) -> None:
-    """Fill in the form; the decision is left at its default (approve)."""
+    """Fill in the form: the decision (it has no default), name, comment, code, subset."""
+    await dialog.get_by_role("button", name="Select Decision").click()
+    await dialog.page.get_by_role("option", name=decision, exact=True).click()
     await dialog.get_by_label("Approver").fill(approver)
+    if code is not None:
+        await dialog.get_by_label("Code", exact=True).fill(code)
     await dialog.get_by_label("Comment (Optional)").fill(comment)
     if batch_size is not None:
         # ``int | None`` renders as two tabs; "None" is selected until the user picks "int".
         await dialog.get_by_role("tab", name="int").click()
         await dialog.get_by_role("tabpanel").locator("input").fill(str(batch_size))
+    if candidates:
+        await pick_candidates(dialog, candidates)
+
+
+async def pick_candidates(dialog: Any, indices: tuple[int, ...]) -> None:
+    """Pick ``indices`` in the Candidates select (one option per # of the batch table)."""
+    from playwright.async_api import expect
+
+    select = dialog.get_by_role("button", name="Select Candidates")
+    for index in indices:
+        option = dialog.page.get_by_role("option", name=str(index), exact=True)
+        if not await option.is_visible():
+            await select.click()
+        await option.click()
+    if await dialog.page.get_by_role("listbox").is_visible():
+        await select.click()  # fold the list again, as a user does
+    await expect(dialog.page.get_by_role("listbox")).to_be_hidden()
 
 
 async def submit_form(page: Any, dialog: Any) -> dict[str, Any]:
@@ -105,6 +177,23 @@ async def submit_form(page: Any, dialog: Any) -> dict[str, Any]:
     return body
 
 
+class TestTheUIAsksForTheSecret:
+    async def test_a_wrong_secret_is_refused_and_the_server_s_secret_lets_you_in(
+        self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path
+    ) -> None:
+        from playwright.async_api import expect
+
+        field = await log_in(browser_page, prefect_api, secret="unattended:guessed")
+        refusal = browser_page.locator("p.text-destructive")  # the login form's error line
+        await expect(refusal).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await browser_page.screenshot(path=str(screenshot_dir / "approval-login.png"))
+        await expect(field).to_be_visible()  # still asking
+        await field.fill(prefect_api.auth_string or "")
+        await browser_page.get_by_role("button", name="Login").click()
+        await expect(field).to_be_hidden(timeout=UI_TIMEOUT_MS)
+        await expect(browser_page.get_by_text("Runs").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+
+
 class TestApproveInTheUI:
     async def test_an_allowed_approver_resumes_the_run_to_completion(
         self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
@@ -114,11 +203,14 @@ class TestApproveInTheUI:
         name = "ui-approve"
         run_id, home, service = await suspended_campaign(tmp_path, name)
         dialog = await open_resume_form(
-            browser_page,
-            flow_run_ui_url(prefect_api.ui_url, run_id),
-            menu_shot=screenshot_dir / "approval-menu.png",
+            browser_page, prefect_api, run_id, menu_shot=screenshot_dir / "approval-menu.png"
         )
         await expect(dialog.get_by_text("review-round-2").first).to_be_visible()
+        # What each answer does, said once; the tables folded; the decision not optional.
+        await expect(dialog.get_by_text("the campaign stops (approval_rejected)")).to_be_visible()
+        await expect(dialog.get_by_role("cell", name="0.6, 0.5", exact=True)).to_be_hidden()
+        await expect(dialog.get_by_text("Decision (Optional)")).to_have_count(0)
+        await expect(dialog.get_by_text("Decision", exact=True)).to_be_visible()
         await browser_page.screenshot(path=str(screenshot_dir / "approval-request.png"))
 
         await fill_form(dialog, approver="alice", comment="exploit round looks sound")
@@ -135,6 +227,64 @@ class TestApproveInTheUI:
         assert approval.flow_run_id == str(run_id)
 
 
+class TestApproveASubsetInTheUI:
+    async def test_the_picked_candidates_run_and_the_others_are_struck_in_the_approver_s_name(
+        self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
+    ) -> None:
+        from playwright.async_api import expect
+
+        name = "ui-subset"
+        chosen = (5, 0, 2)  # picked out of order: the batch keeps its own order
+        run_id, home, service = await suspended_campaign(tmp_path, name)
+        dialog = await open_resume_form(browser_page, prefect_api, run_id)
+        # The select offers exactly the batch table's numbers, with no type picker.
+        await expect(dialog.get_by_text('Property is type "None"')).to_have_count(1)  # batch size
+        await dialog.get_by_role("button", name="Select Candidates").click()
+        offered = await browser_page.get_by_role("option").all_inner_texts()
+        assert [text.strip() for text in offered] == [str(i) for i in range(8)]
+        await dialog.get_by_role("button", name="Select Candidates").click()
+        # What the approver sees at each # of the Proposed batch table.
+        await dialog.get_by_text("Proposed batch (8 candidates;").click()
+        shown = {}
+        for row in await dialog.locator("details").first.get_by_role("row").all():
+            cells = [c.strip() for c in await row.get_by_role("cell").all_inner_texts()]
+            if len(cells) == 2:
+                shown[int(cells[0])] = cells[1]
+        assert sorted(shown) == list(range(8))
+
+        await fill_form(dialog, approver="alice", comment="only the safe ones", candidates=chosen)
+        # Scroll the form to its end so the picked numbers show under the select.
+        await dialog.get_by_text("Candidates (Optional)").hover()
+        await browser_page.mouse.wheel(0, 2000)
+        await expect(dialog.get_by_text("5", exact=True).last).to_be_in_viewport()
+        await browser_page.screenshot(path=str(screenshot_dir / "approval-subset.png"))
+        answer = await submit_form(browser_page, dialog)
+        assert answer["status"] == "ACCEPT"
+        await expect(dialog).to_be_hidden(timeout=UI_TIMEOUT_MS)
+
+        await service.run_once()
+        assert await state_of(run_id) == "COMPLETED"
+        approval = approval_record(home, name)
+        assert (approval.decision, approval.decided_by) == ("approved", "alice")
+        assert approval.events[-1].overrides == {"candidates": list(chosen)}
+        view = round_view(home, name, 2)
+        fates = {
+            c["candidate_index"]: (c["fate"], c["actor"])
+            for c in view["candidates"]
+            if c["source"] == "proposal"
+        }
+        assert fates == {
+            i: ("launched", None) if i in chosen else ("struck", "alice") for i in range(8)
+        }
+        struck = [c["reason"] for c in view["candidates"] if c["fate"] == "struck"]
+        assert struck == ["struck by approver alice"] * 5
+        # The tasks that ran are the rows the approver picked in the table, in batch order.
+        (batch,) = view["batches"]
+        ran = [r["candidate"] for r in sorted(batch["results"], key=lambda r: r["index"])]
+        assert [", ".join(f"{x:.4g}" for x in c) for c in ran] == [shown[i] for i in sorted(chosen)]
+        assert {r["status"] for r in batch["results"]} == {"done"}
+
+
 class TestRefusedInTheUI:
     async def test_a_batch_size_above_the_proposal_is_refused_and_the_run_stays_suspended(
         self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
@@ -143,7 +293,7 @@ class TestRefusedInTheUI:
 
         name = "ui-refused"
         run_id, home, _service = await suspended_campaign(tmp_path, name)
-        dialog = await open_resume_form(browser_page, flow_run_ui_url(prefect_api.ui_url, run_id))
+        dialog = await open_resume_form(browser_page, prefect_api, run_id)
         await fill_form(dialog, approver="alice", comment="more please", batch_size=9)
         answer = await submit_form(browser_page, dialog)
 
@@ -164,7 +314,7 @@ class TestNotAllowedInTheUI:
     ) -> None:
         name = "ui-mallory"
         run_id, home, service = await suspended_campaign(tmp_path, name)
-        dialog = await open_resume_form(browser_page, flow_run_ui_url(prefect_api.ui_url, run_id))
+        dialog = await open_resume_form(browser_page, prefect_api, run_id)
         await fill_form(dialog, approver="mallory", comment="ship it")
         answer = await submit_form(browser_page, dialog)
         assert answer["status"] == "ACCEPT"  # the server only checks the form; the flow judges
@@ -179,3 +329,37 @@ class TestNotAllowedInTheUI:
         assert [(e.decision, e.decided_by, e.allowed) for e in approval.events] == [
             ("not_allowed", "mallory", False)
         ]
+
+
+class TestACodeProtectedRule:
+    @pytest.mark.timeout(480, func_only=True)  # two answers, two flow-run restarts
+    async def test_a_wrong_code_is_refused_and_the_right_one_accepted(
+        self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
+    ) -> None:
+        from playwright.async_api import expect
+
+        name = "ui-proof"
+        codes = ApproverCodes(approvers_dir(tmp_path / "home"))
+        totp = pyotp.TOTP(parse_qs(urlsplit(codes.enroll("alice")).query)["secret"][0])
+        run_id, home, service = await suspended_campaign(tmp_path, name, require_proof=True)
+        dialog = await open_resume_form(browser_page, prefect_api, run_id)
+        await expect(dialog.get_by_text("This rule requires proof:")).to_be_visible()
+        wrong = f"{(int(totp.now()) + 1) % 1_000_000:06d}"
+        await fill_form(dialog, approver="alice", comment="wrong code", code=wrong)
+        await browser_page.screenshot(path=str(screenshot_dir / "approval-code.png"))
+        assert (await submit_form(browser_page, dialog))["status"] == "ACCEPT"
+
+        await service.run_once()
+        run = await read_run(run_id)
+        assert run.state is not None
+        assert run.state.state_details.pause_key == f"{name}-r2-c1-n1"  # waits again
+        events = approval_record(home, name).events
+        assert [(e.decision, e.proof) for e in events] == [("not_allowed", "totp failed")]
+
+        dialog = await open_resume_form(browser_page, prefect_api, run_id, logged_in=True)
+        await fill_form(dialog, approver="alice", comment="right code", code=totp.now())
+        assert (await submit_form(browser_page, dialog))["status"] == "ACCEPT"
+        await service.run_once()
+        assert await state_of(run_id) == "COMPLETED"
+        approval = approval_record(home, name)
+        assert (approval.decision, approval.events[-1].proof) == ("approved", "totp ok")

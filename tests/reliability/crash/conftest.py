@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -59,6 +60,26 @@ description = "Round 2's first proposal is sent back once."
 advice = "Propose again."
 severity = "SOFT_BLOCK"
 when = "round.index == 2 && round.attempt == 1"
+"""
+
+ASK_POLICY = (
+    POLICY
+    + """
+[[rules]]
+name = "review-round-1"
+description = "Round 1 needs a human."
+advice = "Approve or reject."
+severity = "ASK"
+when = "round.index == 1"
+approvers = ["alice"]
+"""
+)
+
+APPROVALS = """
+[approvals]
+approvers = ["alice"]
+timeout_minutes = 60
+on_timeout = "stop"
 """
 
 SITE = """\
@@ -191,12 +212,19 @@ timeout = 30.0
         return self.home / "campaigns" / self.name / "provenance.db"
 
     def run_direct(self, failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run the campaign with ``python -m flows._direct``, armed with ``failpoints``."""
+        """Run the campaign with ``python -m flows._cli._direct``, armed with ``failpoints``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
         if failpoints:
             env["UNATTENDED_FAILPOINTS"] = failpoints
         return subprocess.run(
-            [sys.executable, "-m", "flows._direct", str(self.spec), "--state-dir", str(self.home)],
+            [
+                sys.executable,
+                "-m",
+                "flows._cli._direct",
+                str(self.spec),
+                "--state-dir",
+                str(self.home),
+            ],
             cwd=PROJECT,
             env=env,
             capture_output=True,
@@ -304,6 +332,51 @@ def campaign(tmp_path: Path, model_server: ModelServer) -> Campaign:
     return Campaign("crash-suite", tmp_path / "campaign", model_server)
 
 
+@dataclass
+class DemoCampaign:
+    """A copy of ``examples/demo`` under its own name: the scripted planner and the verifier."""
+
+    name: str
+    folder: Path
+    spec: Path = field(init=False)
+    home: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        shutil.copytree(PROJECT / "examples" / "demo", self.folder)
+        self.spec = self.folder / "campaign.toml"
+        text = self.spec.read_text().replace('name = "demo"', f'name = "{self.name}"', 1)
+        self.spec.write_text(text)
+        self.home = self.folder / "home"
+
+    @property
+    def database(self) -> Path:
+        return self.home / "campaigns" / self.name / "provenance.db"
+
+    def record(self) -> Record:
+        return Record.read(self.database)
+
+    def verifier_runs(self) -> int:
+        """Return how many verifier verdicts the provenance holds (one per judged attempt)."""
+        connection = sqlite3.connect(f"file:{self.database}?mode=ro", uri=True)
+        try:
+            rows = connection.execute("SELECT verdicts FROM attempt").fetchall()
+        finally:
+            connection.close()
+        return sum(
+            1 for (text,) in rows for v in json.loads(text or "[]") if v["check"] == "verifier"
+        )
+
+
+@pytest.fixture
+def demo_campaign(tmp_path: Path) -> Callable[[str], DemoCampaign]:
+    """Build a copy of the demo campaign (it has a verifier) under ``name``."""
+
+    def make(name: str) -> DemoCampaign:
+        return DemoCampaign(name, tmp_path / name)
+
+    return make
+
+
 @pytest.fixture
 def make_campaign(tmp_path: Path, model_server: ModelServer) -> Callable[..., Campaign]:
     """Build a campaign with its own name (a Prefect deployment per name) and options."""
@@ -312,6 +385,12 @@ def make_campaign(tmp_path: Path, model_server: ModelServer) -> Callable[..., Ca
         return Campaign(name, tmp_path / name, model_server, **options)
 
     return make
+
+
+@pytest.fixture
+def ask_options() -> dict[str, str]:
+    """Campaign options whose policy asks alice to approve round 1."""
+    return {"policy": ASK_POLICY, "approvals": APPROVALS}
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from flows._service import CampaignService, approve_run, read_run, submit_campaign
+from flows._prefect._service import CampaignService, approve_run, read_run, submit_campaign
 
 pytestmark = [
     pytest.mark.integration,
@@ -20,34 +20,6 @@ pytestmark = [
     # The session's server start is bounded by start_server's own timeout.
     pytest.mark.timeout(240, func_only=True),
 ]
-
-ASK_POLICY = """\
-[policy]
-name = "crash-suite-approval"
-max_soft_attempts = 2
-
-[[rules]]
-name = "second-look"
-description = "Round 2's first proposal is sent back once."
-advice = "Propose again."
-severity = "SOFT_BLOCK"
-when = "round.index == 2 && round.attempt == 1"
-
-[[rules]]
-name = "review-round-1"
-description = "Round 1 needs a human."
-advice = "Approve or reject."
-severity = "ASK"
-when = "round.index == 1"
-approvers = ["alice"]
-"""
-
-APPROVALS = """
-[approvals]
-approvers = ["alice"]
-timeout_minutes = 60
-on_timeout = "stop"
-"""
 
 
 async def state_of(flow_run_id) -> str:
@@ -77,10 +49,17 @@ class TestPrefectFlowCrash:
         assert campaign.executions() == executions + Counter({1: 2})
 
     async def test_a_run_killed_after_its_approval_is_recorded_reuses_the_answer(
-        self, prefect_server, tmp_path, model_server, reference, monkeypatch, make_campaign
+        self,
+        prefect_server,
+        tmp_path,
+        model_server,
+        reference,
+        monkeypatch,
+        make_campaign,
+        ask_options,
     ):
         record, inferences, executions = reference
-        campaign = make_campaign("crash-prefect-approval", policy=ASK_POLICY, approvals=APPROVALS)
+        campaign = make_campaign("crash-prefect-approval", **ask_options)
         first = await submit_campaign(campaign.spec, state_dir=campaign.home)
         await CampaignService(query_seconds=0.5).run_once()
         assert await state_of(first.flow_run_id) == "PAUSED"
@@ -103,10 +82,17 @@ class TestPrefectFlowCrash:
 
     @pytest.mark.long
     async def test_a_run_killed_just_before_it_suspends_asks_again_after_resubmission(
-        self, prefect_server, tmp_path, model_server, reference, monkeypatch, make_campaign
+        self,
+        prefect_server,
+        tmp_path,
+        model_server,
+        reference,
+        monkeypatch,
+        make_campaign,
+        ask_options,
     ):
         record, inferences, executions = reference
-        campaign = make_campaign("crash-prefect-suspend", policy=ASK_POLICY, approvals=APPROVALS)
+        campaign = make_campaign("crash-prefect-suspend", **ask_options)
         monkeypatch.setenv("UNATTENDED_FAILPOINTS", "before_suspend:1")
         first = await submit_campaign(campaign.spec, state_dir=campaign.home)
         await CampaignService(query_seconds=0.5).run_once()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import _failpoints
-from flows._failpoints import ENV_VARIABLE, POINTS, parse_failpoints
+from flows._engine import _failpoints
+from flows._engine._failpoints import ENV_VARIABLE, POINTS, parse_failpoints
 
 PROJECT = Path(__file__).resolve().parents[3]
 
@@ -65,7 +65,7 @@ class TestFailpoint:
 
     def test_the_process_is_killed_at_the_armed_occurrence_only(self):
         code = """
-            from flows._failpoints import failpoint
+            from flows._engine._failpoints import failpoint
             for n in range(1, 5):
                 print(n, flush=True)
                 failpoint("after_gate")
@@ -76,7 +76,7 @@ class TestFailpoint:
 
     def test_without_the_variable_the_process_runs_through(self):
         code = """
-            from flows._failpoints import failpoint
+            from flows._engine._failpoints import failpoint
             for n in range(3):
                 failpoint("after_gate")
             print("through")
@@ -89,7 +89,7 @@ class TestFailpoint:
         code = f"""
             from types import SimpleNamespace
             from sqlalchemy import create_engine, text
-            from flows._failpoints import failpoint_in_commit
+            from flows._engine._failpoints import failpoint_in_commit
             engine = create_engine("sqlite:///{database}")
             with engine.begin() as c:
                 c.execute(text("CREATE TABLE t (x INTEGER)"))
@@ -111,7 +111,7 @@ class TestDirectRunner:
         spec = tmp_path / "campaign.toml"
         spec.write_text('name = "Bad Name"\n')
         done = subprocess.run(
-            [sys.executable, "-m", "flows._direct", str(spec), "--state-dir", str(tmp_path)],
+            [sys.executable, "-m", "flows._cli._direct", str(spec), "--state-dir", str(tmp_path)],
             cwd=PROJECT,
             capture_output=True,
             text=True,

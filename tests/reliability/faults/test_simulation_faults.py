@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from flows._direct import run_direct
+from flows._engine._direct import run_direct
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 

@@ -1,7 +1,7 @@
 """Hostile proposals and a misbehaving model endpoint, through a whole campaign.
 
 Each case runs a one-round campaign (the real engine, executor and SQLite
-provenance, driven in-process by ``flows._direct.run_direct``) whose LLM planner
+provenance, driven in-process by ``flows._engine._direct.run_direct``) whose LLM planner
 talks to a scripted endpoint on 127.0.0.1, or whose scripted planner replays a
 hostile transcript. What the model *said* wrong is a recorded rejection and the
 round falls back; what the *endpoint* did wrong (garbage body, HTTP error, a
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -105,10 +106,12 @@ simulation = "demo"
 
 
 def run(spec: Path, home: Path) -> Any:
-    from flows._direct import run_direct
+    from flows._engine._direct import run_direct
 
     site = str(ROOT / "site-configs" / "local.toml")
-    return asyncio.run(run_direct(spec, site=site, state_dir=home, env={"HOME": str(home)}))
+    # The engine reads the planner's key from the environment it is given, not the process's.
+    env = {"HOME": str(home), KEY_VAR: os.environ[KEY_VAR]}
+    return asyncio.run(run_direct(spec, site=site, state_dir=home, env=env))
 
 
 def rows(home: Path, query: str) -> list[tuple[Any, ...]]:
@@ -156,7 +159,7 @@ def dump(home: Path) -> str:
 
 @pytest.fixture(autouse=True)
 def _model_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(KEY_VAR, CANARY)  # the engine reads the planner's key from os.environ
+    monkeypatch.setenv(KEY_VAR, CANARY)  # ``run`` hands it to the engine
 
 
 class TestModelSaysSomethingWrong:

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import tomli_w
 
 from flows._cli import main
-from flows._server import ServerHandle
+from flows._prefect._rest import request
+from flows._prefect._server import ServerHandle, client_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
@@ -133,8 +133,18 @@ CASES: list[Case] = [
         names=("'objective.simulation_cost'",),
     ),
     Case("planner-kind", "spec", put("planner.kind", "oracle"), names=("'planner.kind'",)),
-    Case("planner-no-transcript", "spec", drop("planner.transcript"), names=("'planner'",)),
-    Case("llm-no-url", "spec", put("planner", {"kind": "llm", "model": "m"}), names=("'planner'",)),
+    Case(
+        "planner-no-transcript",
+        "spec",
+        drop("planner.transcript"),
+        names=("'planner.transcript'",),
+    ),
+    Case(
+        "llm-no-url",
+        "spec",
+        put("planner", {"kind": "llm", "model": "m"}),
+        names=("'planner.base_url'",),
+    ),
     Case(
         "llm-key-in-spec",
         "spec",
@@ -186,6 +196,44 @@ CASES: list[Case] = [
         names=("'approvals.everyone'",),
     ),
     Case("policy-missing", "spec", put("policy", "nowhere.toml"), names=("'policy'",)),
+    # Refused at submission since issue 16 (they used to fail mid-run, or switch a guard off).
+    Case("batch-size-bool", "spec", put("batch_size", True), names=("'batch_size'",)),
+    Case(
+        "simulation-empty-argv",
+        "spec",
+        put("objective.simulation", []),
+        names=("'objective.simulation'", "needs at least the program"),
+    ),
+    Case(
+        "simulation-not-found",
+        "spec",
+        put("objective.simulation", ["/nonexistent/bin/sim"]),
+        names=("'objective.simulation'", "/nonexistent/bin/sim: no such file"),
+    ),
+    Case(
+        "simulation-a-directory",
+        "spec",
+        put("objective.simulation", ["/tmp"]),
+        names=("'objective.simulation'", "is a directory"),
+    ),
+    Case(
+        "verifier-limit-nan",
+        "spec",
+        put("objective.verifier_limit", NAN),
+        names=("'objective.verifier_limit'", "finite"),
+    ),
+    Case(
+        "transcript-a-device",
+        "spec",
+        put("planner.transcript", "/dev/zero"),
+        names=("'planner.transcript'", "/dev/zero: is not a regular file"),
+    ),
+    Case(
+        "policy-a-directory",
+        "spec",
+        put("policy", "."),
+        names=("'policy'", "is a directory"),
+    ),
     Case("spec-not-toml", "spec", raw=b"name = 'x'\nrounds = = 3\n", names=("not valid TOML",)),
     Case("spec-binary", "spec", raw=b"\xff\xfe\x00garbage\x80", names=("cannot read",)),
     Case("spec-empty", "spec", raw=b"", names=("field",)),
@@ -233,6 +281,12 @@ CASES: list[Case] = [
         "policy-unknown-setting", "policy", put("policy.strictness", "high"), names=("strictness",)
     ),
     Case("policy-not-toml", "policy", raw=b"[[rules]\nname=", names=("TOML",)),
+    Case(
+        "policy-empty",
+        "policy",
+        raw=b"",
+        names=("'policy'", "has no rules", "allow_no_rules = true"),
+    ),
     # --- the transcript the spec names -----------------------------------------------
     Case(
         "transcript-not-json",
@@ -245,6 +299,12 @@ CASES: list[Case] = [
         "transcript",
         raw=b'{"note": "only a note"}\n',
         names=("'planner.transcript'", ":1:"),
+    ),
+    Case(
+        "transcript-empty",
+        "transcript",
+        raw=b"",
+        names=("'planner.transcript'", "the transcript has no answers"),
     ),
 ]
 
@@ -287,15 +347,13 @@ def _break(workspace: Path, case: Case) -> Path:
 
 
 def _count(server: ServerHandle, what: str) -> int:
-    response = httpx.post(f"{server.api_url}/{what}/count", json={}, timeout=30)
-    response.raise_for_status()
-    return int(response.json())
+    return int(request(client_env(server), "POST", f"{what}/count", {}))
 
 
 class TestBadSubmission:
     def test_the_unbroken_workspace_validates(self, workspace: Path) -> None:
         """The corpus breaks one thing at a time in files that are otherwise valid."""
-        from flows._service import validate_submission
+        from flows._prefect._service import validate_submission
 
         loaded, _ = validate_submission(
             workspace / "campaign.toml", str(workspace / "site.toml"), {}
@@ -352,3 +410,42 @@ class TestConsoleScript:
         assert result.returncode == 2
         assert "field 'objective'" in result.stderr
         assert not (workspace / "home").exists()
+
+
+class TestNamedForWhatItIs:
+    def test_a_relative_site_path_that_is_missing_names_the_spec_field(
+        self, workspace: Path, prefect_server: ServerHandle, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Without --site, the spec's ``site`` named the file: the error says so."""
+        spec = tomllib.loads((workspace / "campaign.toml").read_text())
+        spec["site"] = "missing-site.toml"
+        _write(workspace / "campaign.toml", spec)
+
+        code = main(["submit", str(workspace / "campaign.toml")])
+
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert f"{workspace / 'campaign.toml'}: field 'site': " in err, err
+        assert f"{workspace / 'missing-site.toml'}: no such file" in err, err
+        assert not (workspace / "home").exists()
+
+    def test_a_device_given_as_the_spec_is_not_a_regular_file(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(["submit", "/dev/zero"]) == 2
+        assert capsys.readouterr().err == "error: /dev/zero: is not a regular file\n"
+
+    def test_a_directory_given_as_the_spec_is_a_directory(
+        self, workspace: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(["submit", str(workspace)]) == 2
+        assert capsys.readouterr().err == f"error: {workspace}: is a directory, not a file\n"
+
+    def test_a_directory_given_as_the_site_is_a_directory(
+        self, workspace: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code = main(["submit", str(workspace / "campaign.toml"), "--site", str(workspace)])
+        assert code == 2
+        assert (
+            capsys.readouterr().err == f"error: --site: {workspace}: is a directory, not a file\n"
+        )

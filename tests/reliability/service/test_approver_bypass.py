@@ -23,7 +23,8 @@ import pytest
 from service_helpers import campaign_db, demo_copy, sqlite_rows  # type: ignore[import-not-found]
 
 from flows._cli import main
-from flows._server import ServerHandle
+from flows._prefect._rest import request
+from flows._prefect._server import ServerHandle, client_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180, func_only=True)]
 
@@ -44,7 +45,7 @@ class Suspended:
         asyncio.run(self.service.run_once())
 
     def state(self) -> tuple[str, str | None]:
-        run = httpx.get(f"{self.server.api_url}/flow_runs/{self.flow_run_id}", timeout=30).json()
+        run = request(client_env(self.server), "GET", f"flow_runs/{self.flow_run_id}")
         return run["state"]["type"], run["state"]["state_details"].get("pause_key")
 
     def events(self) -> list[tuple[str, str, int]]:
@@ -60,7 +61,10 @@ class Suspended:
 
     def post_resume(self, body: Any) -> httpx.Response:
         return httpx.post(
-            f"{self.server.api_url}/flow_runs/{self.flow_run_id}/resume", json=body, timeout=30
+            f"{self.server.api_url}/flow_runs/{self.flow_run_id}/resume",
+            json=body,
+            auth=self.server.basic_auth,
+            timeout=30,
         )
 
 
@@ -71,7 +75,7 @@ def suspended(
     """Submit the approval demo and drive it until it waits for round 2's approval."""
     import os
 
-    from flows._service import CampaignService, submit_campaign
+    from flows._prefect._service import CampaignService, submit_campaign
 
     folder = tmp_path_factory.mktemp("approver")
     spec = demo_copy(folder, "campaign-approval.toml", NAME, rounds="3")
@@ -96,27 +100,28 @@ def _wait_for_schema(run: Suspended, pause_key: str) -> None:
     """Wait until the form's schema is stored: a resume sent before it is refused."""
     url = f"{run.server.api_url}/flow_runs/{run.flow_run_id}/input/suspended-{pause_key}-schema"
     for _ in range(300):
-        if httpx.get(url, timeout=30).status_code == httpx.codes.OK:
+        if httpx.get(url, auth=run.server.basic_auth, timeout=30).status_code == httpx.codes.OK:
             return
         asyncio.run(asyncio.sleep(0.1))
     raise AssertionError(f"no form schema for {pause_key}")
 
 
+ALICE = {"approver": "alice", "decision": "approve"}
 REFUSED_BY_THE_SERVER: dict[str, Any] = {
     "extra-field-allowed": {"run_input": {"approver": "mallory", "allowed": True}},
     "extra-field-approved-by": {"run_input": {"approver": "mallory", "approved_by": "alice"}},
     "approver-missing": {"run_input": {"decision": "approve"}},
-    "approver-empty": {"run_input": {"approver": ""}},
+    "approver-empty": {"run_input": {"approver": "", "decision": "approve"}},
     "approver-list": {"run_input": {"approver": ["alice"]}},
     "approver-object": {"run_input": {"approver": {"name": "alice"}}},
     "approver-number": {"run_input": {"approver": 1}},
     "approver-oversized": {"run_input": {"approver": "alice" + "x" * 200}},
     "decision-upper": {"run_input": {"approver": "alice", "decision": "APPROVE"}},
     "decision-bool": {"run_input": {"approver": "alice", "decision": True}},
-    "batch-size-above": {"run_input": {"approver": "alice", "batch_size": 9}},
-    "batch-size-zero": {"run_input": {"approver": "alice", "batch_size": 0}},
-    "batch-size-negative": {"run_input": {"approver": "alice", "batch_size": -3}},
-    "batch-size-text": {"run_input": {"approver": "alice", "batch_size": "all"}},
+    "batch-size-above": {"run_input": ALICE | {"batch_size": 9}},
+    "batch-size-zero": {"run_input": ALICE | {"batch_size": 0}},
+    "batch-size-negative": {"run_input": ALICE | {"batch_size": -3}},
+    "batch-size-text": {"run_input": ALICE | {"batch_size": "all"}},
     "input-json-string": {"run_input": json.dumps({"approver": "alice"})},
     "input-list": {"run_input": [{"approver": "alice"}]},
     "input-number": {"run_input": 1},
@@ -161,12 +166,14 @@ class TestNotAllowed:
         refused_before = len(suspended.events())
         _wait_for_schema(suspended, f"{KEY}-n{refused_before}")
         if route == "cli":
-            code = main(["approve", str(suspended.flow_run_id), "--as", approver])
+            code = main(["approve", str(suspended.flow_run_id), "--as", approver, "--no-wait"])
             assert code == 0, capsys.readouterr().err
         elif route == "api":
             from prefect.flow_runs import resume_flow_run
 
-            resume_flow_run(suspended.flow_run_id, run_input={"approver": approver})
+            resume_flow_run(
+                suspended.flow_run_id, run_input={"approver": approver, "decision": "approve"}
+            )
         else:
             body = {"run_input": {"approver": approver, "decision": "approve", "batch_size": 8}}
             assert suspended.post_resume(body).status_code == httpx.codes.CREATED
@@ -187,7 +194,14 @@ class TestAllowed:
     ) -> None:
         refused = len(suspended.events())
         _wait_for_schema(suspended, f"{KEY}-n{refused}")
-        body = {"run_input": {"approver": "alice", "comment": "ok", "batch_size": 4}}
+        body = {
+            "run_input": {
+                "approver": "alice",
+                "decision": "approve",
+                "comment": "ok",
+                "batch_size": 4,
+            }
+        }
         assert suspended.post_resume(body).status_code == httpx.codes.CREATED
 
         suspended.drive()

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from service_helpers import ROOT, demo_copy  # type: ignore[import-not-found]
 from sqlalchemy import create_engine, text
 
-from flows._server import ServerHandle
+from flows._prefect._rest import request
+from flows._prefect._server import ServerHandle, client_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -57,6 +57,7 @@ def specs(folder: Path, prefix: str, count: int, rounds: int, batch: int) -> lis
             rounds=str(rounds),
             batch_size=str(batch),
             planner__kind='"surrogate"',  # the transcript's batches have 8 candidates
+            planner__transcript="",  # the surrogate takes no transcript
             objective__verifier_limit="",
         )
         for i in range(count)
@@ -65,7 +66,7 @@ def specs(folder: Path, prefix: str, count: int, rounds: int, batch: int) -> lis
 
 async def run_all(paths: list[Path], site: Path, home: Path) -> list[Any]:
     """Submit every campaign at once, then drive one runner until all have exited."""
-    from flows._service import CampaignService, submit_campaign
+    from flows._prefect._service import CampaignService, submit_campaign
 
     submitted = await asyncio.gather(
         *(submit_campaign(p, site=str(site), state_dir=home) for p in paths)
@@ -122,17 +123,14 @@ def check_recorded(url: str, names: list[str], rounds: int, batch: int) -> None:
         engine.dispose()
 
 
-def check_no_lock_errors(api: str, flow_run_ids: list[Any], output: str) -> None:
+def check_no_lock_errors(server: ServerHandle, flow_run_ids: list[Any], output: str) -> None:
     ids = [str(i) for i in flow_run_ids]
-    runs = httpx.post(
-        f"{api}/flow_runs/filter", json={"flow_runs": {"id": {"any_": ids}}}, timeout=60
-    ).json()
+    env = client_env(server)
+    runs = request(env, "POST", "flow_runs/filter", {"flow_runs": {"id": {"any_": ids}}})
     assert {r["state"]["type"] for r in runs} == {"COMPLETED"}, [r["state"] for r in runs]
-    logs = httpx.post(
-        f"{api}/logs/filter",
-        json={"logs": {"flow_run_id": {"any_": ids}}, "limit": 200},
-        timeout=60,
-    ).json()
+    logs = request(
+        env, "POST", "logs/filter", {"logs": {"flow_run_id": {"any_": ids}}, "limit": 200}
+    )
     assert logs  # the logs were read
     everything = (json.dumps(runs) + json.dumps(logs) + output).lower()
     for phrase in LOCKED:
@@ -161,9 +159,7 @@ async def _postgres_case(
     submitted = await run_all(paths, site_with(tmp_path, url), tmp_path / "home")
     output = capfd.readouterr()
     check_recorded(url, [f"{prefix}-{i}" for i in range(count)], rounds, batch)
-    check_no_lock_errors(
-        server.api_url, [s.flow_run_id for s in submitted], output.out + output.err
-    )
+    check_no_lock_errors(server, [s.flow_run_id for s in submitted], output.out + output.err)
 
 
 class TestOnPostgres:
@@ -195,5 +191,5 @@ class TestOnSQLite:
             database = home / "campaigns" / f"{prefix}-{i}" / "provenance.db"
             check_recorded(f"sqlite:///{database}", [f"{prefix}-{i}"], 2, 4)
         check_no_lock_errors(
-            prefect_server.api_url, [s.flow_run_id for s in submitted], output.out + output.err
+            prefect_server, [s.flow_run_id for s in submitted], output.out + output.err
         )

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from service_helpers import demo_copy, sqlite_rows  # type: ignore[import-not-found]
 
-from flows._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
+from flows._prefect._rest import request
+from flows._prefect._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
@@ -110,7 +110,7 @@ class Stack:
 
     def run(self, flow_run_id: Any) -> dict[str, Any]:
         assert self.handle is not None
-        return httpx.get(f"{self.handle.api_url}/flow_runs/{flow_run_id}", timeout=30).json()
+        return dict(request(client_env(self.handle), "GET", f"flow_runs/{flow_run_id}"))
 
     def wait_for(self, flow_run_id: Any, states: set[str], timeout: float = 180) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -128,6 +128,7 @@ class Stack:
 def stack(tmp_path: Path) -> Iterator[Stack]:
     keys = (
         "PREFECT_API_URL",
+        "PREFECT_API_AUTH_STRING",
         "PREFECT_UI_URL",
         "PREFECT_HOME",
         "PREFECT_LOCAL_STORAGE_PATH",
@@ -166,11 +167,12 @@ def _spec(stack: Stack, demo: str, name: str, rounds: int, sleep: float) -> Path
         objective__simulation=argv,
         objective__verifier_limit="",  # no verifier: only batches run the script
         planner__kind='"surrogate"',  # the transcript's batches have 8 candidates
+        planner__transcript="",  # the surrogate takes no transcript
     )
 
 
 def _submit(spec: Path, home: Path) -> Any:
-    from flows._service import submit_campaign
+    from flows._prefect._service import submit_campaign
 
     return asyncio.run(submit_campaign(spec, state_dir=home))
 
@@ -204,11 +206,29 @@ def _executions(stack: Stack) -> Counter[str]:
     return Counter(path.read_text().splitlines()) if path.exists() else Counter()
 
 
+def _continued(stack: Stack, cancelled: Any, timeout: float = 120) -> str:
+    """Return the run the watchdog started after ``cancelled`` (no one resubmits)."""
+    assert stack.handle is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = request(
+            client_env(stack.handle),
+            "POST",
+            "flow_runs/filter",
+            {"flow_runs": {"tags": {"all_": ["campaign:restart-running"]}}},
+        )
+        newer = [r["id"] for r in runs if r["id"] != str(cancelled)]
+        if newer:
+            return str(newer[0])
+        time.sleep(0.5)
+    raise AssertionError("no run continued the campaign")
+
+
 class TestRestartWhileSuspended:
     def test_the_approval_survives_and_the_run_completes_without_rerunning_a_batch(
         self, stack: Stack
     ) -> None:
-        from flows._service import approve_run
+        from flows._prefect._service import approve_run
 
         spec = _spec(stack, "campaign-approval.toml", "restart-suspended", rounds=3, sleep=0.0)
         submitted = _submit(spec, stack.home)
@@ -237,7 +257,9 @@ class TestRestartWhileSuspended:
 
 
 class TestRestartWhileRunning:
-    def test_a_resubmitted_run_continues_from_the_checkpoint(self, stack: Stack) -> None:
+    def test_the_next_runner_continues_the_cancelled_run_from_the_checkpoint(
+        self, stack: Stack
+    ) -> None:
         spec = _spec(stack, "campaign.toml", "restart-running", rounds=3, sleep=1.5)
         submitted = _submit(spec, stack.home)
         stack.start_runner()
@@ -252,11 +274,14 @@ class TestRestartWhileRunning:
         assert stack.run(submitted.flow_run_id)["state"]["type"] == "RUNNING"
 
         stack.restart()
-        # A runner that stops gracefully cancels the runs it was executing ...
-        assert stack.run(submitted.flow_run_id)["state"]["type"] == "CANCELLED"
-        again = _submit(spec, stack.home)  # ... and a new run continues the campaign.
-        assert not again.already_active
-        run = stack.wait_for(again.flow_run_id, {"COMPLETED", "FAILED", "CRASHED"})
+        # A runner that stops ends the runs it was executing: Cancelled ("Runner is
+        # shutting down.") on Prefect's own start path, Crashed when the run was
+        # forked warm and saw the group's SIGTERM first. The watchdog continues both.
+        stopped = stack.run(submitted.flow_run_id)["state"]
+        assert stopped["type"] in {"CANCELLED", "CRASHED"}, stopped
+        # ... and the next runner's watchdog starts a new run that continues the campaign.
+        again = _continued(stack, submitted.flow_run_id)
+        run = stack.wait_for(again, {"COMPLETED", "FAILED", "CRASHED"})
 
         assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
         _complete_provenance(database, rounds=3, batch=4)

@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 from model_endpoint import ModelEndpoint, batch_answer, completion, grid  # type: ignore[import-not-found]
 from service_helpers import EXAMPLES  # type: ignore[import-not-found]
 
 from flows._cli import main
-from flows._server import ServerHandle
+from flows._prefect._rest import request
+from flows._prefect._server import ServerHandle, client_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240, func_only=True)]
 
@@ -123,10 +123,10 @@ class ListenSampler(threading.Thread):
             self.done.wait(0.2)
 
 
-def wait_terminal(api: str, flow_run_id: Any, timeout: float = 180) -> dict[str, Any]:
+def wait_terminal(env: dict[str, str], flow_run_id: Any, timeout: float = 180) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        run = request(env, "GET", f"flow_runs/{flow_run_id}")
         if run["state"]["type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}:
             return run
         time.sleep(0.5)
@@ -146,18 +146,15 @@ def dump_sqlite(path: Path) -> str:
         )
 
 
-def api_outputs(api: str, flow_run_id: str) -> str:
-    run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+def api_outputs(env: dict[str, str], flow_run_id: str) -> str:
+    run = request(env, "GET", f"flow_runs/{flow_run_id}")
     flt = {"flow_runs": {"id": {"any_": [flow_run_id]}}}
+    logs = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
     parts = [
         run,
-        httpx.post(
-            f"{api}/logs/filter",
-            json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200},
-            timeout=30,
-        ).json(),
-        httpx.post(f"{api}/task_runs/filter", json=flt, timeout=30).json(),
-        httpx.get(f"{api}/deployments/{run['deployment_id']}", timeout=30).json(),
+        request(env, "POST", "logs/filter", logs),
+        request(env, "POST", "task_runs/filter", flt),
+        request(env, "GET", f"deployments/{run['deployment_id']}"),
     ]
     return json.dumps(parts)
 
@@ -169,7 +166,7 @@ def finished(
     """Run the canary campaign under a real runner process; return what to search."""
     import asyncio
 
-    from flows._service import submit_campaign
+    from flows._prefect._service import submit_campaign
 
     folder = tmp_path_factory.mktemp("canary")
     home = folder / "home"
@@ -200,7 +197,7 @@ def finished(
         sampler = ListenSampler([prefect_server.pid, runner.pid])
         sampler.start()
         try:
-            run = wait_terminal(prefect_server.api_url, submitted.flow_run_id)
+            run = wait_terminal(client_env(prefect_server), submitted.flow_run_id)
         finally:
             sampler.done.set()
             sampler.join(10)
@@ -218,7 +215,7 @@ def finished(
         "folder": folder,
         "requests": requests,
         "sampler": sampler,
-        "api": prefect_server.api_url,
+        "api": client_env(prefect_server),
         "server_pid": prefect_server.pid,
         "flow_run_id": str(submitted.flow_run_id),
     }
@@ -275,7 +272,8 @@ class TestListen:
         assert len(sampler.pids) >= 3, sampler.seen
         assert len(sampler.seen) >= 4, sampler.seen
         assert any(
-            port == int(finished["api"].rsplit(":", 1)[1].split("/")[0]) for _, port in sampler.seen
+            port == int(finished["api"]["PREFECT_API_URL"].rsplit(":", 1)[1].split("/")[0])
+            for _, port in sampler.seen
         )
         outside = {addr: name for addr, name in sampler.seen.items() if addr[0] not in LOCAL}
         assert outside == {}
