@@ -1,28 +1,30 @@
-"""What the Prefect flow costs a campaign, and how fast an approved run goes on.
+"""What the Prefect flow costs a campaign, next to the engine alone and a plain Prefect flow.
 
 Measured side by side in one run, against one real Prefect server (SQLite, a free
-127.0.0.1 port, a temporary state dir) and one real ``unattended serve`` runner
-(``CampaignService.serve()``, ``--query-seconds 0.5``) running throughout:
+127.0.0.1 port, a temporary state dir), one real ``unattended serve`` runner with
+default settings and one plain Prefect runner (``flow.serve``) running throughout.
+The same campaign (R rounds x 64 candidates, 3 dimensions, a near-zero-cost ``awk``
+simulation reading the candidate on stdin) runs three ways, the order rotated each
+repetition so load drifts hit all alike:
 
-1. Orchestration overhead: a campaign of 10 rounds x 64 candidates, surrogate
-   planner, a 3-rule policy, no verifier, a near-zero-cost simulation (``awk``
-   reading the candidate on stdin and printing ``{"value": ...}``; the spec only
-   takes an argv):
-   (a) ``CampaignEngine.run()`` called directly, no Prefect (also with an in-process
-       ``Simulation.function`` objective, to show what spawning ``awk`` costs);
-   (b) the same campaign through ``submit_campaign`` -> deployment -> runner ->
-       ``campaign_flow`` -> COMPLETED.
-   Start-up = submit -> round 0 recorded (runner pick-up, process spawn, imports,
-   flow engine start). Target: (b - start-up) / (a) < 2.
-2. Resume latency: a campaign whose policy ASKs on round 1. Time from the
-   ``approve_run(...)`` call to round 1's batch ``launched_at`` in the provenance
-   database. Target < 5 s. Repeated; min and median.
+(a) ``CampaignEngine.run()`` called directly: no Prefect (surrogate planner, a
+    3-rule policy, no verifier; provenance recorded);
+(b) the same campaign through ``submit_campaign`` (and the runner's nudge, as
+    ``unattended submit`` sends it) -> deployment -> runner -> ``campaign_flow``;
+(c) a plain Prefect flow doing the same rounds and simulations
+    (``campaign_data/plain_flow.py``: random candidates, one task per round, no
+    gate, policy or provenance), served by Prefect's own runner.
 
-    python benchmarks/campaign.py [--quick]
+Reported apart, as medians with the load average: start-up (submit -> round 0
+started), the cost per round (round start -> checkpoint), and the end (last round
+-> flow run COMPLETED). What a user waits for on submit, resume and exit, warm
+start against cold, is ``benchmarks/latency.py``.
 
-The runner is stopped (by PID) before the server. asyncflow writes session folders
+    python benchmarks/campaign.py [--quick] [--reps N]
+
+The runners are stopped (by PID) before the server. asyncflow writes session folders
 into the working directory, so the benchmark runs from its temporary directory.
-BLAS runs single-threaded on both sides (``OPENBLAS_NUM_THREADS=1`` etc., unless set):
+BLAS runs single-threaded on every side (``OPENBLAS_NUM_THREADS=1`` etc., unless set):
 on a busy 2-core node the surrogate's threaded BLAS was 2-4x slower and swamped the
 orchestration being measured.
 """
@@ -32,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -48,7 +49,6 @@ from typing import Any
 import tomli_w
 
 DATA = Path(__file__).resolve().parent / "campaign_data"
-QUERY_SECONDS = 0.5
 BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # sum((x_i - 0.3)^2) of the JSON list on stdin: a real objective for the surrogate, ~1 ms.
@@ -115,10 +115,10 @@ def rounds_of(home: Path, name: str) -> list[dict[str, Any]]:
 
 async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str, Any]:
     """Run the campaign through ``CampaignEngine`` directly; return its timings."""
+    from flows._engine._round import CampaignEngine, Hooks
+    from flows._engine._simulation import build_gate, build_run_batch
     from flows._paths import campaign_dir
     from flows._provenance import ProvenanceStore
-    from flows._round import CampaignEngine, Hooks
-    from flows._simulation import build_checks, build_run_batch
     from flows._spec import load_campaign
     from tasks import AllocationExecutor, Simulation, launch_batch, load_site
 
@@ -154,12 +154,14 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
                 on_result=on_result,
             )
 
+        checks, scores = build_gate(executor, loaded)
         engine = CampaignEngine(
             loaded=loaded,
             store=store,
             run_batch=by_function if function else by_argv,
             node_hours_per_simulation=site.cost.node_hours_per_simulation,
-            checks=build_checks(executor, loaded),
+            checks=checks,
+            scores=scores,
             hooks=Hooks(on_event=on_event),
             env=dict(os.environ),
         )
@@ -181,7 +183,7 @@ def log_tail(log: Path) -> str:
 
 async def wait_for(flow_run_id: Any, states: set[str], limit: float, log: Path) -> str:
     """Poll the run until it is in one of ``states``; exit with the runner's log if not."""
-    from flows._service import read_run
+    from flows._prefect._service import read_run
 
     deadline = time.monotonic() + limit
     state = "NONE"
@@ -213,10 +215,12 @@ async def state_times(flow_run_id: Any, after: float) -> dict[str, float]:
 
 async def flow_seconds(spec: Path, home: Path, log: Path) -> dict[str, Any]:
     """Submit the campaign, wait for COMPLETED; return its timings from the records."""
-    from flows._service import read_run, submit_campaign
+    from flows._prefect._nudge import nudge_runner
+    from flows._prefect._service import read_run, submit_campaign
 
     submitted_at = time.time()
     submitted = await submit_campaign(spec, state_dir=home)
+    nudge_runner(RUNNER_PID[0])  # what `unattended submit` does after submitting
     submit_call = time.time() - submitted_at
     await wait_for(submitted.flow_run_id, {"COMPLETED"}, 600, log)
     run = await read_run(submitted.flow_run_id)
@@ -239,61 +243,49 @@ async def flow_seconds(spec: Path, home: Path, log: Path) -> dict[str, Any]:
     }
 
 
-# -- 2. resume latency ------------------------------------------------------------
+# -- (c) a plain Prefect flow ------------------------------------------------------
 
 
-async def resume_latencies(
-    folder: Path, home: Path, log: Path, repeat: int
-) -> list[dict[str, Any]]:
-    """Suspend ``repeat`` campaigns on round 1, then approve them one at a time."""
-    from flows._paths import campaign_dir
-    from flows._provenance import ProvenanceStore
-    from flows._service import approve_run, submit_campaign
+async def plain_seconds(folder: Path, rep: int, rounds: int, batch: int) -> dict[str, Any]:
+    """Run the plain flow's deployment; return its timings from its own records."""
+    import json
 
-    runs = []
-    for i in range(repeat):
-        spec = write_spec(folder, f"bench-resume-{i}", 2, 8, "approval-policy.toml")
-        runs.append((spec.stem, (await submit_campaign(spec, state_dir=home)).flow_run_id))
-    for _, flow_run_id in runs:
-        await wait_for(flow_run_id, {"PAUSED"}, 300, log)
-    measured = []
-    for name, flow_run_id in runs:
-        await asyncio.sleep(2 * QUERY_SECONDS)  # the runner is idle, mid-poll, as in real life
-        approved_at = time.time()
-        await approve_run(flow_run_id, approver="alice", comment="benchmark")
-        call = time.time() - approved_at
-        await wait_for(flow_run_id, {"COMPLETED"}, 300, log)
-        states = await state_times(flow_run_id, approved_at)
-        with ProvenanceStore.open(campaign_dir(home, name), read_only=True) as store:
-            batches = store.round_view(name, 1)["batches"]
-        measured.append(
-            {
-                "call": call,
-                "pickup": states.get("PENDING", float("nan")) - approved_at,
-                "running": states.get("RUNNING", float("nan")) - approved_at,
-                "launched": stamp(batches[0]["launched_at"]) - approved_at,
-            }
-        )
-    return measured
+    from prefect.deployments import run_deployment
 
+    timings = folder / f"plain-{rep}.jsonl"
+    submitted_at = time.time()
+    flow_run = await run_deployment(  # type: ignore[misc]
+        "plain-rounds/plain",
+        parameters={"timings": str(timings), "rounds": rounds, "batch": batch},
+        timeout=0,
+    )
+    await wait_for(flow_run.id, {"COMPLETED"}, 600, folder / "plain-runner.log")
+    from flows._prefect._service import read_run
 
-def import_seconds(folder: Path) -> tuple[float, float]:
-    """Time a fresh process importing the flow module (wall, CPU): a run's start-up floor."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import flows._campaign"], cwd=folder, check=True)
-    wall = time.perf_counter() - began
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    run = await read_run(flow_run.id)
+    rows = [json.loads(line) for line in timings.read_text().splitlines()]
+    first, last, ended = rows[0]["started"], rows[-1]["finished"], stamp(run.end_time)
+    return {
+        "total": ended - submitted_at,
+        "startup": first - submitted_at,
+        "rounds": last - first,
+        "after": ended - last,
+        "per_round": statistics.median(r["finished"] - r["started"] for r in rows),
+    }
 
 
 # -- the run ----------------------------------------------------------------------
 
 
-def start_runner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start ``unattended serve`` (``CampaignService.serve()``) in its own session."""
-    command = [sys.executable, "-m", "flows._cli", "serve", "--query-seconds", str(QUERY_SECONDS)]
+RUNNER_PID = [0]  # our runner's pid, for the nudge
+PLAIN_RUNNER = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from plain_flow import plain_rounds; "
+    "plain_rounds.serve(name='plain', limit=None)"
+)
+
+
+def start_process(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a runner in its own session, logging to ``log``."""
     with log.open("ab") as out:
         return subprocess.Popen(
             command,
@@ -303,6 +295,14 @@ def start_runner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             env=env,
             start_new_session=True,
         )
+
+
+def wait_for_line(log: Path, text: str, limit: float = 180) -> None:
+    deadline = time.monotonic() + limit
+    while text not in (log.read_text(errors="replace") if log.exists() else ""):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no '{text}' in {log}:\n{log_tail(log)}")
+        time.sleep(0.2)
 
 
 def stop_runner(process: subprocess.Popen[bytes]) -> None:
@@ -316,126 +316,116 @@ def stop_runner(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-async def measure(folder: Path, args: argparse.Namespace, log: Path) -> None:
+SIDES = ("direct", "flow", "plain")
+
+
+async def measure(folder: Path, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     rounds, batch = (4, 64) if args.quick else (10, 64)
-    reps, resume_reps = (1, 3) if args.quick else (2, 3)
-    direct, direct_fn, flow = [], [], []
-    for rep in range(reps):  # alternate, keep the best of each
-        spec = write_spec(folder, f"bench-direct-{rep}", rounds, batch, "policy.toml")
-        direct.append(await engine_seconds(spec, folder / "direct", function=False))
-        spec = write_spec(folder, f"bench-function-{rep}", rounds, batch, "policy.toml")
-        direct_fn.append(await engine_seconds(spec, folder / "direct", function=True))
-        spec = write_spec(folder, f"bench-flow-{rep}", rounds, batch, "policy.toml")
-        flow.append(await flow_seconds(spec, folder / "home", log))
-    a = min(direct, key=lambda r: r["total"])
-    af = min(direct_fn, key=lambda r: r["total"])
-    b = min(flow, key=lambda r: r["total"] - r["startup"])
-    resumed = await resume_latencies(folder, folder / "home", log, resume_reps)
-    floor = import_seconds(folder)
-    print_table(rounds, batch, reps, a, af, b, resumed, floor)
-
-
-def print_table(
-    rounds: int,
-    batch: int,
-    reps: int,
-    a: dict[str, Any],
-    af: dict[str, Any],
-    b: dict[str, Any],
-    resumed: list[dict[str, Any]],
-    floor: tuple[float, float],
-) -> None:
-    print(
-        f"\n1. orchestration: {rounds} rounds x {batch} candidates, surrogate planner, "
-        f"3-rule policy, no verifier (best of {reps})"
-    )
-    print(f"   {'':46} {'total s':>9} {'per round s':>12}")
-    print(f"   {'(a) CampaignEngine, awk simulation':46} {a['total']:9.2f} {a['per_round']:12.3f}")
-    print(
-        f"   {'(a) CampaignEngine, function simulation':46} {af['total']:9.2f} "
-        f"{af['per_round']:12.3f}"
-    )
-    print(
-        f"   {'(b) Prefect flow, submit -> COMPLETED':46} {b['total']:9.2f} {b['per_round']:12.3f}"
-    )
-    print(f"       start-up: submit -> round 0 recorded       {b['startup']:9.2f}")
-    print(f"         submit call (deployment + run)            {b['submit_call']:9.2f}")
-    print(f"         submit -> runner picked it up (PENDING)   {b['pickup']:9.2f}")
-    print(f"         submit -> flow process RUNNING            {b['running']:9.2f}")
-    print(f"         RUNNING -> round 0 recorded               {b['startup'] - b['running']:9.2f}")
-    print(f"       round 0 start -> last round checkpoint     {b['rounds']:9.2f}")
-    print(f"       last checkpoint -> flow run COMPLETED      {b['after']:9.2f}")
-    ratio = (b["total"] - b["startup"]) / a["total"]
-    verdict = "ok" if ratio < 2.0 else "ABOVE TARGET"
-    print(f"   (b - start-up) / (a) = {ratio:.2f}   (target < 2: {verdict})")
-    print(
-        f"   (b rounds only) / (a) = {b['rounds'] / a['total']:.2f}; Prefect cost per round "
-        f"{(b['rounds'] - a['total']) / rounds:+.3f} s; awk / function simulation = "
-        f"{a['total'] / af['total']:.2f}"
-    )
-    print(
-        f"\n2. resume: approve_run() -> round 1 batch launched "
-        f"(runner query {QUERY_SECONDS} s, {len(resumed)} runs)"
-    )
-    print(f"   {'run':>5} {'approve call':>13} {'picked up':>10} {'RUNNING':>9} {'launched':>9}")
-    for i, r in enumerate(resumed):
+    found: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    # Warm the server and both runners with one run each, not measured.
+    spec = write_spec(folder, "bench-warm", 2, 8, "policy.toml")
+    await flow_seconds(spec, folder / "home", folder / "runner.log")
+    await plain_seconds(folder, -1, 2, 8)
+    for rep in range(args.reps):
+        order = SIDES[rep % 3 :] + SIDES[: rep % 3]  # rotate who goes first
+        for side in order:
+            spec = write_spec(folder, f"bench-{side}-{rep}", rounds, batch, "policy.toml")
+            if side == "direct":
+                found[side].append(await engine_seconds(spec, folder / "direct", function=False))
+            elif side == "flow":
+                found[side].append(await flow_seconds(spec, folder / "home", folder / "runner.log"))
+            else:
+                found[side].append(await plain_seconds(folder, rep, rounds, batch))
         print(
-            f"   {i:5} {r['call']:13.2f} {r['pickup']:10.2f} {r['running']:9.2f} "
-            f"{r['launched']:9.2f}"
+            f"rep {rep}: "
+            + "; ".join(f"{side} total {found[side][-1]['total']:.2f}" for side in SIDES),
+            flush=True,
         )
-    launched = [r["launched"] for r in resumed]
-    verdict = "ok" if statistics.median(launched) < 5.0 else "ABOVE TARGET"
-    print(
-        f"   min {min(launched):.2f} s, median {statistics.median(launched):.2f} s "
-        f"(target < 5 s: {verdict})"
+    print(f"\n{rounds} rounds x {batch} candidates, awk simulation, medians of {args.reps}")
+    return found
+
+
+def print_table(found: dict[str, list[dict[str, Any]]]) -> None:
+    def med(side: str, key: str) -> float:
+        values = [r[key] for r in found[side] if key in r]
+        return statistics.median(values) if values else float("nan")
+
+    print(f"   {'seconds':44} {'(a) engine':>11} {'(b) our flow':>13} {'(c) plain':>10}")
+    rows = (
+        ("start-up: submit -> round 0 started", "startup"),
+        ("per round (median round)", "per_round"),
+        ("round 0 start -> last round checkpoint", "rounds"),
+        ("end: last round -> flow run COMPLETED", "after"),
+        ("total (submit -> COMPLETED; (a): rounds)", "total"),
     )
-    wall, cpu = floor
-    stretch = wall / cpu if cpu > 0 else float("nan")
+    for label, key in rows:
+        cells = [med(side, key) for side in SIDES]
+        print(
+            f"   {label:44} "
+            + " ".join(
+                f"{c:>11.3f}" if i == 0 else f"{c:>13.3f}" if i == 1 else f"{c:>10.3f}"
+                for i, c in enumerate(cells)
+            )
+        )
     print(
-        f"   floor: a fresh process importing flows._campaign: {wall:.2f} s wall, {cpu:.2f} s CPU"
-        f"\n   load stretch (wall / CPU of that import) {stretch:.1f}x; resume median / stretch "
-        f"= {statistics.median(launched) / stretch:.2f} s (a rough idle-node estimate)"
+        f"       of (b)'s start-up: submit call {med('flow', 'submit_call'):.2f}, "
+        f"-> PENDING {med('flow', 'pickup'):.2f}, -> RUNNING {med('flow', 'running'):.2f}"
     )
+
+    def ratio(key: str, other: str = "plain") -> float:
+        return med("flow", key) / med(other, key)
+
+    print(
+        f"   our flow / plain Prefect: start-up x{ratio('startup'):.2f}, "
+        f"per round x{ratio('per_round'):.2f}, end x{ratio('after'):.2f}, "
+        f"total x{ratio('total'):.2f}"
+    )
+    added = (med("flow", "per_round") - med("direct", "per_round")) * 1e3
+    print(
+        f"   our flow / engine alone, per round: x{ratio('per_round', 'direct'):.2f} "
+        f"({added:+.0f} ms per round)"
+    )
+
+
+def load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 rounds, one repetition")
+    parser.add_argument("--quick", action="store_true", help="4 rounds instead of 10")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each side")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
-    for variable in BLAS_THREADS:  # before numpy is imported, here and in the runner
+    for variable in BLAS_THREADS:  # before numpy is imported, here and in the runners
         os.environ.setdefault(variable, "1")
     folder = Path(tempfile.mkdtemp(prefix="unattended-bench-campaign-"))
     os.chdir(folder)  # asyncflow's session folders land here, not in the checkout
 
-    from flows._server import ServerConfig, client_env, start_server, stop_server
+    from flows._prefect._server import ServerConfig, client_env, start_server, stop_server
 
+    print(f"load average (1, 5, 15 min) at the start: {load()} on {os.cpu_count()} CPUs")
     config = ServerConfig(port=free_port(), state_dir=folder / "server")
-    began = time.perf_counter()
-    handle = start_server(config, timeout=120)
-    print(
-        "load average (1, 5, 15 min) at the start: "
-        + ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        + f" on {os.cpu_count()} CPUs"
-    )
-    print(
-        f"server ready in {time.perf_counter() - began:.1f} s on {handle.api_url} "
-        f"(pid {handle.pid}); work dir {folder}",
-        flush=True,
-    )
+    handle = start_server(config, timeout=180)
     os.environ.update(client_env(handle))
     os.environ["UNATTENDED_HOME"] = str(folder / "home")
-    log = folder / "runner.log"
-    runner = start_runner(dict(os.environ), log)
+    ours = start_process(
+        [sys.executable, "-m", "flows._cli", "serve"], dict(os.environ), folder / "runner.log"
+    )
+    RUNNER_PID[0] = ours.pid
+    plain = start_process(
+        [sys.executable, "-c", PLAIN_RUNNER, str(DATA)],
+        dict(os.environ),
+        folder / "plain-runner.log",
+    )
     try:
-        asyncio.run(measure(folder, args, log))
-        print(
-            "load average (1, 5, 15 min) at the end: "
-            + ", ".join(f"{x:.1f}" for x in os.getloadavg())
-            + f" on {os.cpu_count()} CPUs"
-        )
+        wait_for_line(folder / "runner.log", "serving campaign runs")
+        wait_for_line(folder / "plain-runner.log", "plain-rounds/plain")
+        print_table(asyncio.run(measure(folder, args)))
+        print(f"load average (1, 5, 15 min) at the end: {load()}")
     finally:
-        stop_runner(runner)  # before the server: the other order hangs for minutes
+        stop_runner(ours)  # before the server: the other order hangs for minutes
+        stop_runner(plain)
         stop_server(config)
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)

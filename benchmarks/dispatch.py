@@ -1,10 +1,16 @@
 """Dispatch throughput of the AllocationExecutor against the plain ways of doing the same work.
 
-Measured side by side in one run, with the ratios the design is held to:
+Measured side by side in one run, like with like, the sides alternated repetition by
+repetition and reported as medians with the load average:
 
-* 10,000 trivial function tasks: executor on ``local`` (thread and process pools)
-  vs plain asyncflow thread-pool submission (target: executor >= 5x faster) vs
-  plain ``concurrent.futures`` on the same pool (target: within 4x);
+* through asyncflow: the executor with ``dispatch = "engine"`` (our asyncflow path) vs
+  plain asyncflow on the same thread pool, 2,000 trivial function tasks (asyncflow's
+  per-task bookkeeping grows ~N², so 10k would take minutes; target: within 1.5x);
+* the direct pool path (``dispatch = "direct"``, the default for local function tasks,
+  which skips asyncflow) vs plain ``concurrent.futures`` on the same pool, 10,000
+  tasks, thread and process pools (target: within 4x);
+* for information, what skipping asyncflow buys: plain asyncflow / the direct path
+  at 2,000 tasks (two different paths, so not a target);
 * peak RSS of a process running the 10k batch through the executor (target < 300 MB);
 * 2,000 ``/bin/true`` executables under ``ulimit -n 1024`` (target: zero failures);
 * 1,000 tasks on a 2-worker Dask LocalCluster: executor vs raw ``client.submit``
@@ -22,6 +28,7 @@ import operator
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -36,14 +43,14 @@ def trivial(i: int) -> int:
     return i
 
 
-def site(kind: str, **extra: Any) -> Any:
+def site(kind: str, dispatch: str = "direct", **extra: Any) -> Any:
     from tasks import SiteConfig
 
     backend: dict[str, Any]
     if kind == "dask":
         backend = {"kind": "dask", "scheduler_address": extra.pop("address")}
     else:
-        backend = {"kind": "local", "executor": kind, "max_workers": WORKERS}
+        backend = {"kind": "local", "executor": kind, "max_workers": WORKERS, "dispatch": dispatch}
     return SiteConfig.model_validate(
         {
             "name": f"bench-{kind}",
@@ -55,11 +62,11 @@ def site(kind: str, **extra: Any) -> Any:
     )
 
 
-async def executor_seconds(kind: str, n: int) -> float:
+async def executor_seconds(kind: str, n: int, dispatch: str = "direct") -> float:
     """Time ``n`` trivial tasks through ``AllocationExecutor.run_batch`` on a warm pool."""
     from tasks import AllocationExecutor, FunctionTask
 
-    async with AllocationExecutor.from_site(site(kind)) as executor:
+    async with AllocationExecutor.from_site(site(kind, dispatch)) as executor:
         await executor.run_batch(
             [FunctionTask(trivial, (i,)) for i in range(WORKERS * 4)], key_prefix="warm"
         )
@@ -181,6 +188,10 @@ async def dask_seconds(n: int, rounds: int = 2) -> tuple[float, float]:
     return min(ours), min(raw)
 
 
+def load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def verdict(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
@@ -192,44 +203,79 @@ def main() -> None:
         action="store_true",
         help="smaller sizes (2k functions, 500 executables, 300 Dask tasks)",
     )
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per side")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)
         return
-    n_functions, n_true, n_dask = (2_000, 500, 300) if args.quick else (10_000, 2_000, 1_000)
+    n_functions, n_engine, n_true, n_dask = (
+        (2_000, 500, 500, 300) if args.quick else (10_000, 2_000, 2_000, 1_000)
+    )
+    reps = args.reps
 
-    print(f"machine: {os.cpu_count()} CPUs; pools of {WORKERS} workers")
-    # Best of two, alternating, for each: the machine is small and shared.
-    ours_thread = ours_process = cf_thread = cf_process = float("inf")
-    for _ in range(2):
-        ours_thread = min(ours_thread, asyncio.run(executor_seconds("thread", n_functions)))
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            cf_thread = min(cf_thread, futures_seconds(pool, n_functions))
-        ours_process = min(ours_process, asyncio.run(executor_seconds("process", n_functions)))
-        with ProcessPoolExecutor(max_workers=WORKERS) as pool:
-            cf_process = min(cf_process, futures_seconds(pool, n_functions))
-    plain_asyncflow = asyncio.run(asyncflow_seconds(n_functions))
+    print(f"machine: {os.cpu_count()} CPUs; pools of {WORKERS} workers; load {load()}")
+    engine_path: dict[str, list[float]] = {"ours": [], "raw": [], "direct": []}
+    direct_path: dict[str, list[float]] = {
+        k: [] for k in ("thread", "cf_thread", "process", "cf_process")
+    }
+    for rep in range(reps):  # alternate the order of the two sides each repetition
+        first_ours = rep % 2 == 0
+        for side in ("ours", "raw") if first_ours else ("raw", "ours"):
+            if side == "ours":
+                engine_path["ours"].append(
+                    asyncio.run(executor_seconds("thread", n_engine, "engine"))
+                )
+            else:
+                engine_path["raw"].append(asyncio.run(asyncflow_seconds(n_engine)))
+        engine_path["direct"].append(asyncio.run(executor_seconds("thread", n_engine)))
+        for kind, pool_type in (("thread", ThreadPoolExecutor), ("process", ProcessPoolExecutor)):
+            for side in (kind, f"cf_{kind}") if first_ours else (f"cf_{kind}", kind):
+                if side == kind:
+                    direct_path[side].append(asyncio.run(executor_seconds(kind, n_functions)))
+                else:
+                    with pool_type(max_workers=WORKERS) as pool:
+                        direct_path[side].append(futures_seconds(pool, n_functions))
 
-    print(f"\n{n_functions} trivial function tasks (seconds, tasks/s):")
-    for label, seconds in [
-        ("executor, local thread pool", ours_thread),
-        ("executor, local process pool", ours_process),
-        ("concurrent.futures thread pool", cf_thread),
-        ("concurrent.futures process pool", cf_process),
-        ("plain asyncflow thread pool", plain_asyncflow),
-    ]:
-        print(f"  {label:34s} {seconds:8.3f} s  {n_functions / seconds:10.0f}/s")
-    speedup = plain_asyncflow / ours_thread
-    ok = verdict(speedup >= 5)
-    print(f"  plain asyncflow / executor (thread)      {speedup:6.1f}x  target >= 5x   {ok}")
-    for label, ours, plain in [
-        ("thread", ours_thread, cf_thread),
-        ("process", ours_process, cf_process),
-    ]:
-        ratio = ours / plain
-        ok = verdict(ratio <= 4)
-        print(f"  executor / concurrent.futures ({label:7s}) {ratio:6.2f}x  target <= 4x   {ok}")
+    med = statistics.median
+    print(
+        f"\n1. through asyncflow, {n_engine} trivial function tasks, thread pool "
+        f"(median of {reps}, alternated):"
+    )
+    for label, key in (("executor, dispatch=engine", "ours"), ("plain asyncflow", "raw")):
+        seconds = med(engine_path[key])
+        print(f"  {label:34s} {seconds:8.3f} s  {n_engine / seconds:10.0f}/s")
+    ratio = med(engine_path["ours"]) / med(engine_path["raw"])
+    print(
+        f"  executor (engine) / plain asyncflow    {ratio:6.2f}x  target <= 1.5x  "
+        f"{verdict(ratio <= 1.5)}"
+    )
+
+    print(
+        f"\n2. the direct pool path, {n_functions} trivial function tasks "
+        f"(median of {reps}, alternated):"
+    )
+    for label, key in (
+        ("executor, dispatch=direct, threads", "thread"),
+        ("concurrent.futures thread pool", "cf_thread"),
+        ("executor, dispatch=direct, processes", "process"),
+        ("concurrent.futures process pool", "cf_process"),
+    ):
+        seconds = med(direct_path[key])
+        print(f"  {label:38s} {seconds:8.3f} s  {n_functions / seconds:10.0f}/s")
+    for kind in ("thread", "process"):
+        ratio = med(direct_path[kind]) / med(direct_path[f"cf_{kind}"])
+        print(
+            f"  executor / concurrent.futures ({kind:7s}) {ratio:6.2f}x  target <= 4x   "
+            f"{verdict(ratio <= 4)}"
+        )
+
+    bypass = med(engine_path["raw"]) / med(engine_path["direct"])
+    print(
+        f"\n3. what skipping asyncflow buys ({n_engine} tasks, two different paths, no target): "
+        f"plain asyncflow {med(engine_path['raw']):.3f} s / direct path "
+        f"{med(engine_path['direct']):.3f} s = {bypass:.1f}x"
+    )
 
     rss = in_child("rss", str(n_functions))
     print(
@@ -251,6 +297,7 @@ def main() -> None:
         f"raw client.submit {raw_dask:.2f} s, ratio {ratio:.2f}x  target <= 2.5x   "
         f"{verdict(ratio <= 2.5)}"
     )
+    print(f"\nload average (1, 5, 15 min) at the end: {load()}")
 
 
 if __name__ == "__main__":
