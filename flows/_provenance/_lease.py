@@ -43,7 +43,12 @@ def aware(moment: datetime) -> datetime:
 
 
 def process_gone(host: str, pid: int) -> bool:
-    """Return True when ``pid`` on ``host`` is this host's and no longer exists."""
+    """Return True when ``pid`` on ``host`` is this host's and has exited.
+
+    A killed process whose parent died too stays a zombie until init reaps it: up to
+    2 s under some container inits, for ever under an init that never reaps. A zombie
+    runs nothing and holds nothing, so it counts as gone.
+    """
     if host != socket.gethostname():
         return False  # another node: only the expiry can tell
     try:
@@ -52,7 +57,14 @@ def process_gone(host: str, pid: int) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    import psutil  # here: most readers of a lease never ask
+
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
 
 
 @dataclass(frozen=True)

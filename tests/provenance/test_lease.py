@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows._provenance import CampaignFenced, ProvenanceStore
@@ -49,6 +51,26 @@ class TestLease:
         )
         subprocess.run([sys.executable, "-c", code], check=True)
         assert _second(tmp_path).acquire_lease("c", "run-2", ttl=60).acquired
+
+    def test_a_lease_whose_process_is_a_zombie_is_taken(self, tmp_path: Path) -> None:
+        """Killed with its parent, a holder waits as a zombie until init reaps it (2 s here)."""
+        code = (
+            "from flows._provenance import ProvenanceStore\n"
+            f"s = ProvenanceStore.open({str(tmp_path)!r})\n"
+            "s.ensure_campaign('c', spec={}, site='s', seed=1, code_version='v')\n"
+            "assert s.acquire_lease('c', 'run-1', ttl=3600).acquired\n"
+        )
+        holder = subprocess.Popen([sys.executable, "-c", code])  # not reaped: a zombie at exit
+        try:
+            process = psutil.Process(holder.pid)
+            deadline = time.monotonic() + 60
+            while process.status() != psutil.STATUS_ZOMBIE:
+                assert time.monotonic() < deadline, "the holder did not exit"
+                time.sleep(0.05)
+            taken = _second(tmp_path).acquire_lease("c", "run-2", ttl=60)
+            assert taken.acquired, taken.holder
+        finally:
+            assert holder.wait() == 0
 
     def test_a_run_that_lost_the_lease_records_nothing(
         self, store: ProvenanceStore, tmp_path: Path
