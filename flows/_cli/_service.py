@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import signal
@@ -17,8 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
-
-import psutil
 
 from flows._cli._exit import EXIT_ANSWER_REFUSED, EXIT_FAILED, STATUS_EXIT, fail
 from flows._paths import PRIVATE_UMASK, append_private, state_dir_from, write_private
@@ -53,15 +52,25 @@ def _runner_lock_file() -> Path:
     return _state_dir() / "runner.lock"
 
 
+# ``runner_alive`` probes the lock with a shared lock held for an instant; an exclusive
+# attempt that meets a probe is asked again, while a runner holds it for its lifetime.
+_LOCK_PATIENCE_SECONDS = 1.0
+
+
 def _lock_runner(path: Path) -> int | None:
     """Take the runner's lock for this process's lifetime; None when another runner holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
+    give_up = time.monotonic() + _LOCK_PATIENCE_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                os.close(fd)
+                return None
+            time.sleep(0.01)
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd  # kept open (and locked) until the process exits, however it exits
@@ -256,13 +265,23 @@ def stop_runner() -> bool:
         path.unlink(missing_ok=True)
         return False
     os.killpg(pid, signal.SIGTERM)
-    try:
-        psutil.Process(pid).wait(timeout=20)
-    except psutil.TimeoutExpired:
-        os.killpg(pid, signal.SIGKILL)
-    except psutil.NoSuchProcess:
-        pass
+    # Done when the lock is free (the runner has exited), not when its pid is gone: an
+    # exited runner stays a zombie until init reaps it, and the next `serve` needs the lock.
+    if not _until_unlocked(20.0):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        _until_unlocked(10.0)
     path.unlink(missing_ok=True)
+    return True
+
+
+def _until_unlocked(seconds: float) -> bool:
+    """Wait until no runner holds this state directory's lock; False if one still does."""
+    give_up = time.monotonic() + seconds
+    while runner_alive():
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(0.05)
     return True
 
 
