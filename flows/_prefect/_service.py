@@ -211,8 +211,10 @@ class CampaignService:
         ``on_listening`` is called when Prefect's event stream is connected (and again
         after a reconnection): from then on a resume from the UI starts at once.
         """
+        # Submit and approve wake the watch now (flows._prefect._runner). Listen before
+        # the first server call: a nudge that came earlier was ignored (SIG_IGN).
+        nudges = Nudges()
         await self.sync_deployments()
-        nudges = Nudges()  # submit and approve wake the watch now (flows._prefect._runner)
 
         async def watch() -> None:
             nudged = True  # the first pass takes waiting submissions and sweeps at once
@@ -220,13 +222,15 @@ class CampaignService:
                 if self.runner.stopping:
                     return  # a runner shutting down leaves its cancelled runs to the next one
                 try:
-                    taken = await take_submissions(self.state_dir, submit_campaign) if nudged else 0
+                    # Every pass, not only a nudged one: a request whose nudge was lost
+                    # (sent while this runner was starting) is taken within a pass.
+                    taken = await take_submissions(self.state_dir, submit_campaign)
                     if nudged and not taken and self.runner.started:
                         # An approval's nudge: the resumed run's deployment is served already,
                         # so it starts before the deployments are read again.
                         await poll_now(self.runner)
                     added = await self.sync_deployments()
-                    if nudged and (taken or added) and self.runner.started:
+                    if (taken or added) and self.runner.started:
                         await poll_now(self.runner)
                     await expire_approvals()
                     for action in await self.watchdog.sweep():

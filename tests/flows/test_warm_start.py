@@ -161,6 +161,45 @@ class TestSubmitThroughTheRunner:
         assert rest.read_run(env, flow_run_id).state_type == "COMPLETED"
         assert list((folder / "home" / "submissions").iterdir()) == []
 
+    def test_a_request_whose_nudge_was_lost_is_taken_at_the_next_pass(self, serving):
+        """A nudge sent while the runner starts is ignored; the request must not wait for ever.
+
+        ``unattended submit`` right after ``serve --detach`` nudges a runner still
+        importing Prefect: without a pass that looks anyway, the command gave up after
+        ``TAKE_SECONDS`` and submitted by itself, importing Prefect after all.
+        """
+        import json
+        import time
+
+        from flows._cli._service import LISTENING_LINE
+        from flows._paths import private_dir
+        from flows._prefect import _rest as rest
+        from flows._prefect._submissions import _write_atomically, spool_dir
+
+        env, folder, log = serving
+        deadline = time.monotonic() + 60
+        # Connected to the event stream: its first pass, which looks anyway, is over.
+        while LISTENING_LINE not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        (folder / "lost").mkdir()
+        spec = one_round_demo(folder / "lost", "via-runner-lost")
+        spool = private_dir(spool_dir(folder / "home"))
+        request, answer = spool / "lost.request.json", spool / "lost.answer.json"
+        body = {"spec": str(spec), "site": None, "state_dir": str(folder / "home")}
+        _write_atomically(request, {**body, "accept_changes": False})  # and no nudge
+        deadline = time.monotonic() + 60
+        while not answer.exists():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        data = json.loads(answer.read_text())
+        answer.unlink()
+        assert data.get("campaign") == "via-runner-lost", data
+        flow_run_id = UUID(data["flow_run_id"])
+        while rest.read_run(env, flow_run_id).state_type not in ("COMPLETED", "FAILED"):
+            time.sleep(0.2)
+        assert rest.read_run(env, flow_run_id).state_type == "COMPLETED"
+
     def test_bad_input_handed_to_the_runner_is_refused_with_its_field_and_nothing_registered(
         self, serving
     ):
