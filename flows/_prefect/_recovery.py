@@ -192,7 +192,7 @@ class Watchdog:
                 deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=["unattended"]))
             )
             for deployment in deployments:
-                if not self._mine(dict(deployment.parameters)):
+                if not self.mine(dict(deployment.parameters)):
                     continue
                 try:
                     done += await self._sweep_one(client, deployment, moment)
@@ -259,7 +259,7 @@ class Watchdog:
             store.close()
         return done
 
-    def _mine(self, params: dict[str, Any]) -> bool:
+    def mine(self, params: dict[str, Any]) -> bool:
         """A runner recovers the campaigns of its own state directory only."""
         if self.state_dir is None:
             return True

@@ -178,14 +178,20 @@ class CampaignService:
         self._served: set[UUID] = set()
 
     async def sync_deployments(self) -> int:
-        """Serve every campaign deployment not served yet; return how many were added."""
+        """Serve this state directory's campaign deployments not served yet; return how many.
+
+        On a shared server every user's campaigns are deployments tagged ``unattended``;
+        a runner serves its own state directory's only (the watchdog's rule), so it
+        never runs another user's campaign under its own uid, and its start does not
+        grow with everybody's deployments (each one served is a write to the server).
+        """
         async with get_client() as client:
             deployments = await client.read_deployments(
                 deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[TAG]))
             )
         added = 0
         for deployment in deployments:
-            if deployment.id in self._served:
+            if deployment.id in self._served or not self.watchdog.mine(dict(deployment.parameters)):
                 continue
             await self.runner.aadd_flow(
                 campaign_flow,

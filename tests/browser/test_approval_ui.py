@@ -79,7 +79,7 @@ async def suspended_campaign(
     home = tmp_path / "home"
     spec = demo_copy(tmp_path, name, require_proof=require_proof)
     submitted = await submit_campaign(spec, state_dir=home)
-    service = CampaignService(query_seconds=0.5)
+    service = CampaignService(query_seconds=0.5, state_dir=home)
     await service.run_once()
     assert await state_of(submitted.flow_run_id) == "PAUSED"
     return submitted.flow_run_id, home, service

@@ -85,7 +85,9 @@ def _suspend(
         text += f'\n[notify]\nwebhook_url = "{webhook_url}"\n'
     spec.write_text(text)
     submitted = asyncio.run(submit_campaign(spec, state_dir=tmp_path / "home"))
-    waiting = Waiting(name, submitted.flow_run_id, CampaignService(query_seconds=0.5))
+    waiting = Waiting(
+        name, submitted.flow_run_id, CampaignService(query_seconds=0.5, state_dir=tmp_path / "home")
+    )
     asyncio.run(waiting.drive())
     assert asyncio.run(waiting.state()) == ("PAUSED", f"{name}-r2-c1-n0")
     return waiting

@@ -38,7 +38,7 @@ class TestCampaignCompletes:
         spec = demo_copy(tmp_path, "campaign.toml", **{'name = "demo"': 'name = "e2e-complete"'})
         home = tmp_path / "home"
         submitted = await submit_campaign(spec, state_dir=home)
-        service = CampaignService(query_seconds=0.5)
+        service = CampaignService(query_seconds=0.5, state_dir=home)
         await service.run_once()
         assert await state_of(submitted.flow_run_id) == "COMPLETED"
         store = ProvenanceStore.open(home / "campaigns" / "e2e-complete")
@@ -56,7 +56,7 @@ class TestApproval:
         )
         home = tmp_path / "home"
         submitted = await submit_campaign(spec, state_dir=home)
-        service = CampaignService(query_seconds=0.5)
+        service = CampaignService(query_seconds=0.5, state_dir=home)
         await service.run_once()
         assert await state_of(submitted.flow_run_id) == "PAUSED"
         await approve_run(submitted.flow_run_id, approver="alice", comment="looks fine")
@@ -68,3 +68,29 @@ class TestApproval:
         assert approval.decision == "approved"
         assert approval.decided_by == "alice"
         assert approval.flow_run_id == str(submitted.flow_run_id)
+
+
+class TestRunnerServesItsOwnStateDirectory:
+    async def test_another_state_directory_s_campaign_is_not_served(self, prefect_server, tmp_path):
+        """Two users, one server: a runner never runs the other's campaign under its uid."""
+        import uuid
+
+        from prefect.types.entrypoint import EntrypointType
+
+        from flows._prefect._campaign import campaign_flow
+
+        ours, theirs = tmp_path / "alice", tmp_path / "bob"
+        ids = {}
+        for home in (ours, theirs):
+            deployment = await campaign_flow.ato_deployment(
+                name=f"scope-{home.name}-{uuid.uuid4().hex[:8]}",
+                parameters={"spec_path": str(tmp_path / "c.toml"), "state_dir": str(home)},
+                tags=["unattended"],
+                entrypoint_type=EntrypointType.MODULE_PATH,
+            )
+            ids[home] = await deployment.apply()
+        service = CampaignService(query_seconds=0.5, state_dir=ours)
+        assert await service.sync_deployments() == 1
+        assert ids[ours] in service._served
+        assert ids[theirs] not in service._served
+        assert await service.sync_deployments() == 0

@@ -82,7 +82,7 @@ def suspended(prefect_server, tmp_path_factory: pytest.TempPathFactory) -> Campa
 
     async def until_suspended() -> str:
         submitted = await submit_campaign(spec, state_dir=home)
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=home).run_once()
         run = await read_run(submitted.flow_run_id)
         assert run.state is not None
         assert run.state.type.value == "PAUSED"

@@ -41,7 +41,9 @@ async def _ship(tmp_path: Path) -> FlowTelemetry:
     with serving_receiver() as receiver:
         site = site_with_endpoint(tmp_path, receiver.endpoint)
         submitted = await submit_campaign(spec, site=str(site), state_dir=tmp_path / "home")
-        await CampaignService(query_seconds=0.5).run_once()  # the flow runs in a subprocess
+        await CampaignService(
+            query_seconds=0.5, state_dir=tmp_path / "home"
+        ).run_once()  # the flow runs in a subprocess
     flow_run = await read_run(submitted.flow_run_id)
     state = flow_run.state.type.value if flow_run.state else "?"
     return FlowTelemetry(list(receiver.spans), list(receiver.logs), state)

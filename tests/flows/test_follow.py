@@ -27,7 +27,9 @@ class TestFollow:
             spec.read_text().replace('name = "demo-approval"', 'name = "follow-progress"')
         )
         submitted = await submit_campaign(spec, state_dir=tmp_path / "home")
-        await CampaignService(query_seconds=0.5).run_once()  # runs until round 2 suspends
+        await CampaignService(
+            query_seconds=0.5, state_dir=tmp_path / "home"
+        ).run_once()  # runs until round 2 suspends
         capsys.readouterr()
 
         # follow is the CLI's synchronous loop (it calls asyncio.run): give it a thread.

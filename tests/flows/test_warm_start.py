@@ -57,7 +57,7 @@ class TestWarmStart:
 
         spec = one_round_demo(tmp_path, "warm-logs")
         submitted = await submit_campaign(spec, state_dir=tmp_path / "home")
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=tmp_path / "home").run_once()
         assert _starter_direct.run_flow_in_subprocess is run_flow_in_forkserver
         assert await state_of(submitted.flow_run_id) == "COMPLETED"
         messages = flow_run_logs(submitted.flow_run_id)
@@ -73,7 +73,9 @@ class TestNudge:
         from flows._prefect._nudge import NUDGE_SIGNAL
         from flows._prefect._service import CampaignService, submit_campaign
 
-        service = CampaignService(query_seconds=3600, watch_seconds=3600)
+        service = CampaignService(
+            query_seconds=3600, watch_seconds=3600, state_dir=tmp_path / "home"
+        )
         serving = asyncio.create_task(service.serve())
         try:
             while not service.runner.started:  # noqa: ASYNC110  # Prefect's flag, no event

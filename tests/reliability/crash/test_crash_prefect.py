@@ -34,12 +34,12 @@ class TestPrefectFlowCrash:
         campaign = make_campaign("crash-prefect-batch")
         monkeypatch.setenv("UNATTENDED_FAILPOINTS", "mid_batch:6")
         first = await submit_campaign(campaign.spec, state_dir=campaign.home)
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(first.flow_run_id) == "CRASHED"
         monkeypatch.delenv("UNATTENDED_FAILPOINTS")
         second = await submit_campaign(campaign.spec, state_dir=campaign.home)
         assert second.flow_run_id != first.flow_run_id
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(second.flow_run_id) == "COMPLETED"
         resumed = campaign.record()
         assert resumed.attempts == record.attempts
@@ -61,17 +61,17 @@ class TestPrefectFlowCrash:
         record, inferences, executions = reference
         campaign = make_campaign("crash-prefect-approval", **ask_options)
         first = await submit_campaign(campaign.spec, state_dir=campaign.home)
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(first.flow_run_id) == "PAUSED"
         # The runner that suspended the run is gone; a new one resumes it and the
         # resumed flow-run process dies right after recording the answer.
         await approve_run(first.flow_run_id, approver="alice", comment="go")
         monkeypatch.setenv("UNATTENDED_FAILPOINTS", "after_approval_recorded:1")
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(first.flow_run_id) == "CRASHED"
         monkeypatch.delenv("UNATTENDED_FAILPOINTS")
         second = await submit_campaign(campaign.spec, state_dir=campaign.home)
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(second.flow_run_id) == "COMPLETED"
         assert campaign.approval_events() == [("crash-prefect-approval-r1-c1", "alice", "approved")]
         resumed = campaign.record()
@@ -95,14 +95,14 @@ class TestPrefectFlowCrash:
         campaign = make_campaign("crash-prefect-suspend", **ask_options)
         monkeypatch.setenv("UNATTENDED_FAILPOINTS", "before_suspend:1")
         first = await submit_campaign(campaign.spec, state_dir=campaign.home)
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(first.flow_run_id) == "CRASHED"
         monkeypatch.delenv("UNATTENDED_FAILPOINTS")
         second = await submit_campaign(campaign.spec, state_dir=campaign.home)
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(second.flow_run_id) == "PAUSED"
         await approve_run(second.flow_run_id, approver="alice")
-        await CampaignService(query_seconds=0.5).run_once()
+        await CampaignService(query_seconds=0.5, state_dir=campaign.home).run_once()
         assert await state_of(second.flow_run_id) == "COMPLETED"
         assert campaign.approval_events() == [("crash-prefect-suspend-r1-c1", "alice", "approved")]
         assert campaign.record().attempts == record.attempts

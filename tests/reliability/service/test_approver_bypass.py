@@ -83,7 +83,12 @@ def suspended(
     saved = os.environ.get("PREFECT_LOCAL_STORAGE_PATH")
     os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(folder / "results")  # flow runs inherit it
     submitted = asyncio.run(submit_campaign(spec, state_dir=home))
-    run = Suspended(prefect_server, submitted.flow_run_id, home, CampaignService(query_seconds=0.5))
+    run = Suspended(
+        prefect_server,
+        submitted.flow_run_id,
+        home,
+        CampaignService(query_seconds=0.5, state_dir=home),
+    )
     run.drive()
     assert run.state() == ("PAUSED", f"{KEY}-n0")
     _wait_for_schema(run, f"{KEY}-n0")

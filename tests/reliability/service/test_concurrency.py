@@ -71,7 +71,7 @@ async def run_all(paths: list[Path], site: Path, home: Path) -> list[Any]:
     submitted = await asyncio.gather(
         *(submit_campaign(p, site=str(site), state_dir=home) for p in paths)
     )
-    await CampaignService(query_seconds=0.5).run_once()
+    await CampaignService(query_seconds=0.5, state_dir=home).run_once()
     return list(submitted)
 
 
