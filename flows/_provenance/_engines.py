@@ -6,6 +6,13 @@ and every write transaction (:func:`begin_write`) starts with ``BEGIN
 IMMEDIATE`` so writers queue on the busy timeout instead of failing on a lock
 upgrade half-way through. Readers open the file read-only, so inspecting never
 creates or changes files.
+
+Commits are durable: ``synchronous = FULL`` syncs the WAL at every commit, so a
+power loss, kernel crash or file-system error right after a commit keeps it.
+With ``NORMAL`` (WAL's usual setting) the database stays consistent but the last
+commits can vanish: after an ext4 cut, round 0's records were gone and its
+verifier and batch ran again. Measured cost: ``benchmarks/durability.py`` and
+``docs/reliability-operations.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ from flows._provenance._rows import json_text
 
 # Execution option marking a transaction that writes (SQLite begins it IMMEDIATE).
 WRITE_OPTION = "provenance_write"
+# PRAGMA synchronous for writers: FULL makes every commit durable (see the module
+# docstring). Read at each new connection; benchmarks/durability.py sets NORMAL
+# on one side to measure what FULL costs.
+SQLITE_SYNCHRONOUS = "FULL"
 
 
 def resolve(url_or_path: str | os.PathLike[str]) -> Location:
@@ -95,7 +106,7 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
             cursor.execute("PRAGMA query_only = ON")
         else:
             cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute(f"PRAGMA synchronous = {SQLITE_SYNCHRONOUS}")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         cursor.close()
