@@ -29,11 +29,13 @@ An error that stops a campaign on purpose also says how the run ends:
 says so (a policy's ``Escalate``), and ``None`` for every other error (the run
 ``failed``). Like ``code`` and ``retryable`` it is data, settable per instance.
 
-Four codes are raised by ``flows`` (its campaign-level errors build on this base):
+Five codes are raised by ``flows`` (its campaign-level errors build on this base):
 ``spec_changed`` (an input named by the spec differs from the pinned one),
 ``decision_mismatch`` (a replayed round derives another decision than the recorded
-one), ``fenced_out`` (another run holds the campaign's lease) and
-``storage_unavailable`` (disk full, read-only directory, database locked; retryable).
+one), ``fenced_out`` (another run holds the campaign's lease),
+``storage_unavailable`` (disk full, read-only directory, database locked; retryable)
+and ``continuations_exhausted`` (the runner's watchdog continued the campaign's
+crashed or failed runs as often as it may without progress, and stopped it).
 
 Messages and ``details`` name fields, rules, codes and ids. They never carry a
 proposal's content, a prompt, or a secret: callers pass identifiers, and
@@ -56,6 +58,7 @@ CODES: Final[tuple[str, ...]] = (
     "approval_timeout",
     "approver_not_allowed",
     "budget_exceeded",
+    "continuations_exhausted",
     "deadline_exceeded",
     "decision_mismatch",
     "fallback_unavailable",

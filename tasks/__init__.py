@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import lazy_loader
 
 if TYPE_CHECKING:
-    from tasks._allocations import AllocationRecord
+    from tasks._allocations import AllocationRecord, BudgetUsed
     from tasks._batch import (
         BatchOutcome,
         BatchStore,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__, _ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_allocations": ["AllocationRecord"],
+        "_allocations": ["AllocationRecord", "BudgetUsed"],
         "_batch": [
             "BatchOutcome",
             "BatchStore",
@@ -69,6 +69,7 @@ __all__: list[str] = [
     "BatchOutcome",
     "BatchStore",
     "Bounds",
+    "BudgetUsed",
     "ExecutableTask",
     "FallbackBatch",
     "FunctionTask",

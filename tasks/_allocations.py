@@ -7,6 +7,10 @@ background, and resolves ``lost`` once every job of the current request has ende
 so tasks still waiting for a worker come back ``interrupted`` instead of waiting
 forever. The campaign then asks for the next allocation (``AllocationWatch.request``
 through the executor), within the site's budget of allocations and node-hours.
+
+The budget is the campaign's, not this process's: a watch starts from ``BudgetUsed``,
+what the campaign's provenance records of earlier runs (requests made, node-hours
+charged), so a campaign whose runs crash and are continued stops at its limit.
 """
 
 from __future__ import annotations
@@ -31,12 +35,25 @@ OnChange = Callable[[list["AllocationRecord"]], None]
 
 
 @dataclass(frozen=True)
+class BudgetUsed:
+    """What earlier runs of the campaign used of the allocation budget.
+
+    ``requests`` counts the allocations they requested; ``node_hours`` the node-hours
+    their jobs were charged (a job a crashed run left open counts until its planned
+    end, or until now when that is earlier).
+    """
+
+    requests: int = 0
+    node_hours: float = 0.0
+
+
+@dataclass(frozen=True)
 class AllocationRecord:
     """One batch job that carried workers: when it was asked for, ran, ended, and why.
 
     ``ends_at`` is the scheduler's planned end (start + walltime) while the job
-    runs; ``ended_at`` is when it really ended. ``request`` counts the requests of
-    this executor (1 for the first allocation), so jobs of one request share it.
+    runs; ``ended_at`` is when it really ended. ``request`` counts the campaign's requests
+    (1 for its first allocation, earlier runs included), so jobs of one request share it.
     """
 
     job_id: str
@@ -78,6 +95,7 @@ class AllocationWatch:
         poll_seconds: How often ``squeue`` is asked while the executor runs.
         max_allocations: Requests allowed (the first included); None means no limit.
         max_node_hours: Node-hours the jobs may use in all; None means no limit.
+        used: What earlier runs of the campaign used; both limits count it.
 
     ``on_change`` (settable) is called with every record after a request and after
     any poll that changed one: the campaign writes them to its provenance.
@@ -91,6 +109,7 @@ class AllocationWatch:
         poll_seconds: float,
         max_allocations: int | None = None,
         max_node_hours: float | None = None,
+        used: BudgetUsed | None = None,
     ) -> None:
         self._submit = submit
         self._env = dict(env)
@@ -99,7 +118,8 @@ class AllocationWatch:
         self.max_node_hours = max_node_hours
         self._records: dict[str, AllocationRecord] = {}
         self._current: list[str] = []
-        self._requests = 0
+        self.used = used or BudgetUsed()
+        self._requests = self.used.requests
         self._lost: asyncio.Future[AllocationRecord] | None = None
         self._poller: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -119,7 +139,7 @@ class AllocationWatch:
 
     @property
     def requests(self) -> int:
-        """Return how many allocations were requested so far."""
+        """Return how many allocations the campaign requested so far (earlier runs included)."""
         return self._requests
 
     @property
@@ -153,9 +173,9 @@ class AllocationWatch:
         return min(known) if known else None
 
     def node_hours(self) -> float:
-        """Return node-hours used by every job so far."""
+        """Return node-hours the campaign used so far: earlier runs' plus this watch's jobs."""
         now = time.time()
-        return sum(record.node_hours(now) for record in self._records.values())
+        return self.used.node_hours + sum(r.node_hours(now) for r in self._records.values())
 
     # ---- what the executor does ---------------------------------------------------
     async def request(self) -> list[AllocationRecord]:
@@ -169,15 +189,25 @@ class AllocationWatch:
             if self.max_allocations is not None and self._requests >= self.max_allocations:
                 raise BudgetExceeded(
                     f"allocation budget used: {self._requests} of "
-                    f"scheduler.max_allocations={self.max_allocations} requested",
-                    details={"field": "scheduler.max_allocations", "used": self._requests},
+                    f"scheduler.max_allocations={self.max_allocations} requested "
+                    f"by the campaign ({self.used.requests} by earlier runs)",
+                    details={
+                        "field": "scheduler.max_allocations",
+                        "used": self._requests,
+                        "earlier_runs": self.used.requests,
+                    },
                 )
             used = self.node_hours()
             if self.max_node_hours is not None and used >= self.max_node_hours:
                 raise BudgetExceeded(
                     f"allocation budget used: {used:.3g} of "
-                    f"scheduler.max_node_hours={self.max_node_hours:g} node-hours",
-                    details={"field": "scheduler.max_node_hours", "used": used},
+                    f"scheduler.max_node_hours={self.max_node_hours:g} node-hours "
+                    f"by the campaign ({self.used.node_hours:.3g} by earlier runs)",
+                    details={
+                        "field": "scheduler.max_node_hours",
+                        "used": used,
+                        "earlier_runs": self.used.node_hours,
+                    },
                 )
             self._requests += 1
             # Jobs of the last request still queued or running are let go (the

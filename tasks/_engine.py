@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies import SiteInvalid
-from tasks._allocations import AllocationWatch
+from tasks._allocations import AllocationWatch, BudgetUsed
 from tasks._asyncflow_internals import check_versions, loop_signal_handlers
 from tasks._site import SiteConfig
 from tasks._site_backends import DaskBackend, LocalBackend, RadicalPilotBackend
@@ -115,8 +115,14 @@ class EngineParts:
     before_close: list[Callable[[], Any]] = field(default_factory=list)
 
 
-async def start_engine(site: SiteConfig, *, work_dir: str | None = None) -> EngineParts:
-    """Create the site's execution backend and one ``WorkflowEngine`` over it."""
+async def start_engine(
+    site: SiteConfig, *, work_dir: str | None = None, used: BudgetUsed | None = None
+) -> EngineParts:
+    """Create the site's execution backend and one ``WorkflowEngine`` over it.
+
+    ``used`` is what earlier runs of the campaign used of the site's allocation
+    budget (``scheduler.max_allocations``, ``scheduler.max_node_hours``).
+    """
     check_versions()  # before anything of asyncflow runs: its internals are touched
     from radical.asyncflow import LocalExecutionBackend, WorkflowEngine
 
@@ -127,9 +133,9 @@ async def start_engine(site: SiteConfig, *, work_dir: str | None = None) -> Engi
         backend = await LocalExecutionBackend(pool)
         parts = EngineParts(engine=None, backend=backend, pool=pool)
     elif isinstance(spec, DaskBackend):
-        parts = await _dask_backend(site, spec, work_dir=work_dir)
+        parts = await _dask_backend(site, spec, work_dir=work_dir, used=used)
     elif isinstance(spec, RadicalPilotBackend):
-        parts = await _radical_pilot_backend(site, spec, work_dir=work_dir)
+        parts = await _radical_pilot_backend(site, spec, work_dir=work_dir, used=used)
     else:  # pragma: no cover - the discriminated union admits nothing else
         raise SiteInvalid("unknown backend kind", details={"field": "backend.kind"})
     try:
@@ -159,7 +165,7 @@ async def close_parts(parts: EngineParts, *, engine_started: bool = True) -> Non
 
 
 async def _dask_backend(
-    site: SiteConfig, spec: DaskBackend, *, work_dir: str | None
+    site: SiteConfig, spec: DaskBackend, *, work_dir: str | None, used: BudgetUsed | None
 ) -> EngineParts:
     try:
         import distributed
@@ -183,7 +189,9 @@ async def _dask_backend(
         closers.append(cluster.close)
         address = cluster.scheduler_address
     elif spec.jobqueue is not None:
-        cluster, watch = await _jobqueue_cluster(site, spec, work_dir=work_dir or os.getcwd())
+        cluster, watch = await _jobqueue_cluster(
+            site, spec, work_dir=work_dir or os.getcwd(), used=used
+        )
         closers.append(cluster.close)
         # Runs before the cluster cancels the jobs still running (closers run in
         # reverse): records how each job ended, and the rest as released.
@@ -220,7 +228,7 @@ def _release(watch: AllocationWatch) -> Callable[[], Any]:
 
 
 async def _jobqueue_cluster(
-    site: SiteConfig, spec: DaskBackend, *, work_dir: str
+    site: SiteConfig, spec: DaskBackend, *, work_dir: str, used: BudgetUsed | None
 ) -> tuple[Any, AllocationWatch]:
     """Start the jobqueue scheduler, submit the first allocation's jobs, and watch them."""
     assert spec.jobqueue is not None
@@ -241,6 +249,7 @@ async def _jobqueue_cluster(
         poll_seconds=site.scheduler.poll_seconds,
         max_allocations=site.scheduler.max_allocations,
         max_node_hours=site.scheduler.max_node_hours,
+        used=used,
     )
     try:
         await watch.request()
@@ -252,7 +261,7 @@ async def _jobqueue_cluster(
 
 
 async def _radical_pilot_backend(
-    site: SiteConfig, spec: RadicalPilotBackend, *, work_dir: str | None
+    site: SiteConfig, spec: RadicalPilotBackend, *, work_dir: str | None, used: BudgetUsed | None
 ) -> EngineParts:
     """Start a pilot; its sessions, PSI/J scripts and resource config live under ``work_dir``."""
     if importlib.util.find_spec("radical.pilot") is None:
@@ -290,6 +299,7 @@ async def _radical_pilot_backend(
         poll_seconds=site.scheduler.poll_seconds,
         max_allocations=site.scheduler.max_allocations,
         max_node_hours=site.scheduler.max_node_hours,
+        used=used,
     )
     try:
         await watch.request()

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-from tasks._allocations import AllocationRecord, AllocationWatch
+from tasks._allocations import AllocationRecord, AllocationWatch, BudgetUsed
 from tasks._asyncflow_internals import replace_pool
 from tasks._dispatch import AttemptOutcome, Dispatcher
 from tasks._engine import (
@@ -91,11 +91,20 @@ class AllocationExecutor:
         work_dir: Where asyncflow puts its per-engine folder (the campaign directory).
             By default a temporary folder, removed on exit: asyncflow would otherwise
             leave an ``asyncflow.session.*`` folder in the current directory every time.
+        budget_used: What earlier runs of the campaign used of the site's allocation
+            budget (from its provenance); the limits count it, so they are the campaign's.
     """
 
-    def __init__(self, site: SiteConfig, *, work_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        site: SiteConfig,
+        *,
+        work_dir: str | None = None,
+        budget_used: BudgetUsed | None = None,
+    ) -> None:
         self.site = site
         self.work_dir = work_dir
+        self.budget_used = budget_used
         self._scratch: str | None = None
         self._parts: EngineParts | None = None
         self._saved: SavedSignals | None = None
@@ -107,9 +116,15 @@ class AllocationExecutor:
         self._watch: AllocationWatch | None = None
 
     @classmethod
-    def from_site(cls, site: SiteConfig, *, work_dir: str | None = None) -> AllocationExecutor:
+    def from_site(
+        cls,
+        site: SiteConfig,
+        *,
+        work_dir: str | None = None,
+        budget_used: BudgetUsed | None = None,
+    ) -> AllocationExecutor:
         """Return an executor for ``site`` (enter it with ``async with``)."""
-        return cls(site, work_dir=work_dir)
+        return cls(site, work_dir=work_dir, budget_used=budget_used)
 
     @property
     def backend_kind(self) -> str:
@@ -252,7 +267,7 @@ class AllocationExecutor:
         if work_dir is None:
             self._scratch = work_dir = tempfile.mkdtemp(prefix="unattended-asyncflow-")
         try:
-            self._parts = await start_engine(self.site, work_dir=work_dir)
+            self._parts = await start_engine(self.site, work_dir=work_dir, used=self.budget_used)
         except BaseException:
             self._remove_scratch()
             release_process(self)

@@ -33,7 +33,8 @@ from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._provenance import ProvenanceStore
 from flows._settings import Settings
 from flows._spec import LoadedSpec, load_campaign
-from tasks import SiteConfig, load_site
+from policies import BudgetExceeded
+from tasks import BudgetUsed, SiteConfig, load_site
 
 
 def code_version() -> str:
@@ -129,28 +130,45 @@ async def _run_rounds(
     store.set_campaign_status(name, "running")
     failpoint("campaign_start")
     folder = str(work_dir) if work_dir is not None else None
-    async with AllocationExecutor.from_site(site, work_dir=folder) as executor:
-        # Every change of the site's batch jobs (requested, started, ended and why)
-        # goes to the provenance; `unattended status` reads the queue line from it.
-        executor.on_allocation_change(lambda records: store.record_allocations(name, records))
-        checks, scores = build_gate(executor, loaded, site)
-        engine = CampaignEngine(
-            loaded=loaded,
-            store=store,
-            run_batch=build_run_batch(executor, store, loaded, site),
-            node_hours_per_simulation=site.cost.node_hours_per_simulation,
-            checks=checks,
-            scores=scores,
-            hooks=hooks,
-            env=dict(env),
-            walltime_seconds=site.scheduler.walltime_seconds,
-            node_hours_per_verifier=site.cost.node_hours_per_verifier,
-            answers=AnswerJournal(Path(work_dir) / "answers.jsonl") if work_dir else None,
-            approver_codes=ApproverCodes(approvers_dir) if approvers_dir else None,
-            allocation_end=executor.allocation_end,
-        )
-        # The jobs released when the executor closes are recorded by the hook too.
-        return await engine.run()
+    # The site's allocation budget is the campaign's: what earlier runs' jobs used counts.
+    usage = store.allocation_usage(name)
+    used = BudgetUsed(requests=usage.requests, node_hours=usage.node_hours)
+    entered = False
+    try:
+        async with AllocationExecutor.from_site(
+            site, work_dir=folder, budget_used=used
+        ) as executor:
+            entered = True
+            # Every change of the site's batch jobs (requested, started, ended and why)
+            # goes to the provenance; `unattended status` reads the queue line from it.
+            executor.on_allocation_change(lambda records: store.record_allocations(name, records))
+            checks, scores = build_gate(executor, loaded, site)
+            engine = CampaignEngine(
+                loaded=loaded,
+                store=store,
+                run_batch=build_run_batch(executor, store, loaded, site),
+                node_hours_per_simulation=site.cost.node_hours_per_simulation,
+                checks=checks,
+                scores=scores,
+                hooks=hooks,
+                env=dict(env),
+                walltime_seconds=site.scheduler.walltime_seconds,
+                node_hours_per_verifier=site.cost.node_hours_per_verifier,
+                answers=AnswerJournal(Path(work_dir) / "answers.jsonl") if work_dir else None,
+                approver_codes=ApproverCodes(approvers_dir) if approvers_dir else None,
+                allocation_end=executor.allocation_end,
+            )
+            # The jobs released when the executor closes are recorded by the hook too.
+            return await engine.run()
+    except BudgetExceeded as exc:
+        if entered:  # the engine records its own stops; this one is not the first request
+            raise
+        # The first allocation is beyond what earlier runs left: stopped, recorded and told.
+        last = checkpoint.last_completed_round
+        index = 0 if last is None else last + 1
+        store.set_campaign_status(name, "blocked", exc.code, round_index=index)
+        hooks.on_event("stopped", {"round": index, "status": "blocked", "code": exc.code})
+        return CampaignResult("blocked", exc.code, index, exc.message)
 
 
 async def run_direct(

@@ -113,6 +113,12 @@ ALLOCATIONS: Final = (
     f"SELECT {columns('allocation', drop=('id', 'campaign_id'))} FROM allocation "
     "WHERE campaign_id = :cid ORDER BY request, id"
 )
+# What a campaign has achieved so far: the watchdog counts continuations without progress.
+PROGRESS: Final = (
+    "SELECT (SELECT count(*) FROM round WHERE campaign_id = :cid AND status = 'completed') "
+    "AS rounds, (SELECT count(*) FROM task_result t JOIN batch b ON b.id = t.batch_id "
+    "WHERE b.campaign_id = :cid AND t.status != 'interrupted') AS tasks"
+)
 
 # ``unattended export``: whole records, by id (the order they were recorded in).
 EXPORT_ROUNDS: Final = (

@@ -11,6 +11,8 @@ plus indexed aggregates, so it stays fast on databases with millions of attempts
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Self
 
 from flows._provenance import _queries as sql
@@ -21,6 +23,8 @@ from flows._provenance._rows import (
     Checkpoint,
     TaskResultRecord,
     as_dict,
+    now,
+    utc,
 )
 from flows._provenance._sql import Reader
 from policies import NotFound
@@ -174,6 +178,58 @@ def candidate_fates(reader: Reader, cid: int, index: int) -> list[dict[str, Any]
 def allocations(reader: Reader, cid: int) -> list[dict[str, Any]]:
     """Return campaign ``cid``'s allocation rows, oldest request first (times as ISO text)."""
     return [plain(r) for r in reader.all(sql.ALLOCATIONS, cid=cid)]
+
+
+@dataclass(frozen=True)
+class AllocationUsage:
+    """What a campaign's recorded allocations used of its budget, over all its runs.
+
+    ``requests`` counts the allocations requested (the jobs of one request share its
+    number and request time); ``node_hours`` sums each started job's nodes x hours
+    from its start to its end, or, for a job still open (its run crashed), to its
+    planned end or ``at``, whichever is earlier.
+    """
+
+    requests: int = 0
+    node_hours: float = 0.0
+
+
+def _moment(text: str | None) -> datetime | None:
+    return None if text is None else utc(datetime.fromisoformat(text))
+
+
+def allocation_usage(reader: Reader, cid: int, at: datetime) -> AllocationUsage:
+    """Return what campaign ``cid``'s allocations used of its budget up to ``at``."""
+    rows = allocations(reader, cid)
+    requests = {(r["request"], r["requested_at"]) for r in rows}
+    hours = 0.0
+    for r in rows:
+        start = _moment(r["started_at"])
+        if start is None:
+            continue
+        stop = _moment(r["ended_at"])
+        if stop is None:
+            planned = _moment(r["ends_at"])
+            stop = at if planned is None else min(at, planned)
+        nodes = max(int(r["node_count"] or 0), 1)
+        hours += max(0.0, (stop - start).total_seconds()) * nodes / 3600.0
+    return AllocationUsage(requests=len(requests), node_hours=hours)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a campaign has achieved: rounds completed and task results (not interrupted)."""
+
+    rounds: int = 0
+    tasks: int = 0
+
+
+def progress(reader: Reader, cid: int) -> Progress:
+    """Return campaign ``cid``'s progress (the watchdog's mark for continuations)."""
+    row = reader.first(sql.PROGRESS, cid=cid)
+    if row is None:
+        return Progress()
+    return Progress(rounds=int(row["rounds"] or 0), tasks=int(row["tasks"] or 0))
 
 
 def _round_counts(reader: Reader, cid: int) -> dict[int, dict[str, Any]]:
@@ -353,3 +409,15 @@ class StoreReads:
         """Return the campaign's allocations, oldest request first (times as ISO text)."""
         with self.reading() as reader:
             return allocations(reader, require_campaign(reader, campaign))
+
+    def allocation_usage(self, campaign: str, at: datetime | None = None) -> AllocationUsage:
+        """Return what the campaign's runs used of its allocation budget (none if unknown)."""
+        with self.reading() as reader:
+            cid = campaign_id(reader, campaign)
+            return AllocationUsage() if cid is None else allocation_usage(reader, cid, at or now())
+
+    def progress(self, campaign: str) -> Progress:
+        """Return the campaign's rounds completed and task results (none if unknown)."""
+        with self.reading() as reader:
+            cid = campaign_id(reader, campaign)
+            return Progress() if cid is None else progress(reader, cid)
