@@ -15,7 +15,14 @@ from flows._cli import main
 from flows._engine._approval import ApprovalRequest, judge
 from flows._engine._proof import ApproverCodes
 from flows._prefect._approval_form import Approval, approval_form
-from policies import SpecInvalid, Suspend, policy_from_dict
+from policies import (
+    BatchSummary,
+    RoundContext,
+    SpecInvalid,
+    Suspend,
+    policy_from_dict,
+    proposal_key,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, 10, tzinfo=UTC)  # 10 s into a 30 s step
 
@@ -155,7 +162,26 @@ require_proof = true
 class TestThePolicyOption:
     def test_an_ask_rule_that_requires_proof_suspends_asking_for_it(self) -> None:
         policy = policy_from_dict(tomllib.loads(POLICY.format(severity="ASK")), source="p.toml")
-        assert policy.rules[0].require_proof
+        rows = [[0.1, 0.2], [0.3, 0.4]]
+
+        def round_context(index: int) -> RoundContext:
+            return RoundContext(
+                campaign="proof",
+                round_index=index,
+                attempt=1,
+                batch=BatchSummary(size=len(rows), candidates=rows, node_hours=1.0),
+                proposal_key=proposal_key(rows),
+                disposition="accepted",
+                consecutive_fallbacks=0,
+                budget_spent=0.0,
+                budget_remaining=100.0,
+            )
+
+        assert policy.evaluate(round_context(1)).outcome.kind == "continue"
+        outcome = policy.evaluate(round_context(2)).outcome
+        assert isinstance(outcome, Suspend)
+        assert outcome.approvers == ("alice",)
+        assert outcome.require_proof  # the answer counts only with alice's code
 
     def test_a_rule_that_cannot_ask_is_refused_naming_the_field(self) -> None:
         with pytest.raises(SpecInvalid, match=r"p\.toml.*require_proof"):

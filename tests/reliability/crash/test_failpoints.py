@@ -60,8 +60,23 @@ class TestParse:
 
 class TestFailpoint:
     def test_an_unarmed_point_does_nothing(self):
-        _failpoints.arm({})
-        _failpoints.failpoint("after_gate")  # still here
+        """A point not armed neither kills nor counts; the armed one still fires on time."""
+        code = """
+            from flows._engine._failpoints import failpoint
+            for n in range(1, 5):
+                failpoint("after_gate")  # not armed: passes, uncounted
+                print(n, flush=True)
+                failpoint("mid_batch")  # armed at its second pass
+        """
+        done = run_python(code, {ENV_VARIABLE: "mid_batch:2"})
+        assert done.returncode == -signal.SIGKILL
+        assert done.stdout.split() == ["1", "2"]
+        # With nothing armed, every point passes here and nothing is counted.
+        assert _failpoints.arm({}) == {}
+        for point in POINTS:
+            assert not _failpoints.armed(point)
+            _failpoints.failpoint(point)
+        assert _failpoints._HITS == {}
 
     def test_the_process_is_killed_at_the_armed_occurrence_only(self):
         code = """
