@@ -9,10 +9,19 @@ deployment:
   the TTL, is an **orphan**: it is marked *Crashed* through the API (which also
   frees the deployment's concurrency slot) and a ``orphan_crashed`` event is recorded;
 * when the campaign then has no active run and its newest run was *Crashed*,
-  *Cancelled* by a runner's own shutdown, or *Failed* with ``storage_unavailable``
-  (a bounded number of times, with backoff), and the provenance says the campaign
-  is still running or awaiting approval, a new run of the deployment is started
-  and a ``continued`` event records why. It reads the checkpoint and goes on.
+  *Cancelled* by a runner's own shutdown, or *Failed* with ``storage_unavailable``,
+  and the provenance says the campaign is still running or awaiting approval, a
+  new run of the deployment is started and a ``continued`` event records why. It
+  reads the checkpoint and goes on.
+
+Continuations after a crash or a failure are the campaign's, counted in its
+provenance (``continued`` events marked ``counted``, with the campaign's progress
+when they were made), so the cap and the backoff hold across runner restarts: at
+most ``MAX_CONTINUATIONS`` in a row without progress (a round completed or a task
+result recorded), the k-th waiting ``watchdog_seconds * 2**(k-2)`` after the one
+before. The next one is refused: the campaign is recorded ``failed`` with
+``continuations_exhausted`` (event of the same kind) and its notice is sent.
+A run cancelled by a runner's own shutdown is an operator's act and is not counted.
 
 ``recovery_note`` gives ``unattended status`` the same diagnosis in words.
 """
@@ -43,8 +52,10 @@ from prefect.states import Crashed
 
 from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
-from flows._paths import state_dir_from
+from flows._engine._notify import Notifier
+from flows._paths import campaign_dir, state_dir_from
 from flows._provenance import LeaseRow, ProvenanceStore
+from flows._provenance._readers import Progress
 from flows._spec import load_campaign
 from policies import UnattendedError
 from tasks import load_site
@@ -60,8 +71,10 @@ ACTIVE = {
 }
 CONTINUABLE_STATUSES = frozenset({"running", "awaiting_approval"})
 TRANSIENT_CODE = "storage_unavailable"
-# Automatic continuations after a transient failure, per campaign and runner lifetime.
-MAX_TRANSIENT_CONTINUATIONS = 5
+EXHAUSTED_CODE = "continuations_exhausted"
+# Automatic continuations after a crash or a transient failure, in a row without
+# progress, per campaign (counted in its provenance, whatever runner made them).
+MAX_CONTINUATIONS = 5
 
 _log = logging.getLogger(__name__)
 
@@ -155,6 +168,58 @@ def continuation_reason(flow_run: FlowRun) -> str | None:
     return None
 
 
+def counted(flow_run: FlowRun) -> bool:
+    """Return whether continuing after ``flow_run`` counts toward the cap (a crash, a failure)."""
+    return _state_type(flow_run) in {StateType.CRASHED, StateType.FAILED}
+
+
+@dataclass(frozen=True)
+class Continuations:
+    """The continuations a campaign had in a row without progress, from its provenance.
+
+    ``count`` counts the ``continued`` events marked ``counted`` that were made at
+    the campaign's current ``progress`` since the last ``continuations_exhausted``
+    (a person starting the campaign again after the cap starts a new count);
+    ``last_at`` is when the newest of them was recorded.
+    """
+
+    count: int
+    last_at: datetime | None
+    progress: Progress
+
+    @property
+    def exhausted(self) -> bool:
+        """True when the cap is reached: the next continuation is refused."""
+        return self.count >= MAX_CONTINUATIONS
+
+    def not_before(self, settings: RecoverySettings) -> datetime | None:
+        """Return when the next continuation may start (the doubling pause), or None: now."""
+        if self.count == 0 or self.last_at is None:
+            return None
+        pause = settings.watchdog_seconds * 2 ** (self.count - 1)
+        return self.last_at + timedelta(seconds=pause)
+
+
+def _mark(progress: Progress) -> list[int]:
+    return [progress.rounds, progress.tasks]
+
+
+def continuations(store: ProvenanceStore, name: str) -> Continuations:
+    """Count campaign ``name``'s continuations in a row without progress (``Continuations``)."""
+    progress = store.progress(name)
+    count, last_at = 0, None
+    for event in store.events(name):
+        if event["kind"] == EXHAUSTED_CODE:
+            count, last_at = 0, None
+        elif event["kind"] == "continued":
+            details = event["details"] or {}
+            if details.get("counted") and details.get("progress") == _mark(progress):
+                count += 1
+                moment = event["recorded_at"]
+                last_at = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+    return Continuations(count=count, last_at=last_at, progress=progress)
+
+
 def campaign_store(flow_run_or_params: FlowRun | dict[str, Any]) -> tuple[str, ProvenanceStore]:
     """Open the provenance store of a campaign run from its parameters."""
     params = (
@@ -175,13 +240,11 @@ def _status(store: ProvenanceStore, name: str) -> tuple[str | None, str | None]:
 
 @dataclass
 class Watchdog:
-    """What the runner's watchdog remembers between sweeps (transient retries per campaign)."""
+    """What the runner's watchdog remembers between sweeps (continuations are in the provenance)."""
 
     settings: RecoverySettings
     state_dir: Path | None = None
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
-    transient_continuations: dict[str, int] = field(default_factory=dict)
-    not_before: dict[str, datetime] = field(default_factory=dict)
 
     async def sweep(self, *, now: datetime | None = None) -> list[str]:
         """Crash orphans and continue interrupted campaigns; return what was done."""
@@ -241,7 +304,15 @@ class Watchdog:
             resumable = status in CONTINUABLE_STATUSES or (
                 status == "failed" and code == TRANSIENT_CODE
             )
-            if why is None or not resumable or not self._may_continue(name, newest, now):
+            if why is None or not resumable:
+                return done
+            tally = continuations(store, name) if counted(newest) else None
+            if tally is not None and tally.exhausted:
+                params = dict(deployment.parameters)
+                done.append(stop_exhausted(store, params, name, newest, tally))
+                return done
+            not_before = tally.not_before(self.settings) if tally is not None else None
+            if not_before is not None and now < not_before:
                 return done
             from prefect.deployments import run_deployment
 
@@ -252,7 +323,12 @@ class Watchdog:
                 name,
                 "continued",
                 flow_run_id=str(started.id),
-                details={"after": str(newest.id), "why": why},
+                details={
+                    "after": str(newest.id),
+                    "why": why,
+                    "counted": tally is not None,
+                    "progress": _mark(tally.progress) if tally is not None else None,
+                },
             )
             done.append(f"continued {name} as {started.id}: {why}")
         finally:
@@ -265,20 +341,54 @@ class Watchdog:
             return True
         return state_dir_from(params.get("state_dir"), os.environ) == self.state_dir
 
-    def _may_continue(self, name: str, newest: FlowRun, now: datetime) -> bool:
-        """Bound the continuations after transient failures, with a doubling pause."""
-        state = newest.state
-        if state is None or state.type != StateType.FAILED:
-            return True
-        count = self.transient_continuations.get(name, 0)
-        if count >= MAX_TRANSIENT_CONTINUATIONS:
-            return False
-        not_before = self.not_before.get(name)
-        if not_before is not None and now < not_before:
-            return False
-        self.transient_continuations[name] = count + 1
-        self.not_before[name] = now + timedelta(seconds=self.settings.watchdog_seconds * 2**count)
-        return True
+
+def stop_exhausted(
+    store: ProvenanceStore,
+    params: dict[str, Any],
+    name: str,
+    newest: FlowRun,
+    tally: Continuations,
+) -> str:
+    """Record the campaign as stopped by the continuation cap, tell people; return what was done.
+
+    The status is written before the event: a runner that dies between the two
+    leaves a campaign that is no longer continued, never one continued again.
+    """
+    checkpoint = store.load_checkpoint(name)
+    last = checkpoint.last_completed_round
+    index = 0 if last is None else last + 1
+    store.set_campaign_status(name, "failed", EXHAUSTED_CODE, round_index=index)
+    why = continuation_reason(newest)
+    store.record_event(
+        name,
+        EXHAUSTED_CODE,
+        flow_run_id=str(newest.id),
+        details={"continuations": tally.count, "why": why, "progress": _mark(tally.progress)},
+    )
+    _notify_stop(params, name, index)
+    message = (
+        f"stopped {name} ({EXHAUSTED_CODE}): {tally.count} continuations without progress, "
+        f"the last because {why}"
+    )
+    _log.warning("watchdog: %s", message)
+    return message
+
+
+def _notify_stop(params: dict[str, Any], name: str, index: int) -> None:
+    """Send the campaign's ``failed`` notice for the cap, as its run would have (never raises)."""
+    try:
+        loaded = load_campaign(params["spec_path"])
+        site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
+        config = loaded.spec.notify or site.notify
+        if config is None:
+            return
+        home = state_dir_from(params.get("state_dir"), os.environ)
+        journal = campaign_dir(home, name) / "notifications.jsonl"
+        Notifier(config, name, journal).on_event(
+            "stopped", {"round": index, "status": "failed", "code": EXHAUSTED_CODE}
+        )
+    except (UnattendedError, OSError, KeyError) as exc:
+        _log.warning("watchdog: %s: no notice for the cap (%s)", name, type(exc).__name__)
 
 
 def recovery_note_of(flow_run_id: UUID, *, runner_alive: bool) -> str | None:
@@ -302,13 +412,17 @@ def recovery_note(flow_run: FlowRun, *, runner_alive: bool) -> str | None:
     try:
         reason = orphan_reason(flow_run, store.lease(name), settings, now)
         status, code = _status(store, name)
+        tally = continuations(store, name)
     finally:
         store.close()
-    who = (
-        f"the runner continues it within {settings.watchdog_seconds:.0f} s"
-        if runner_alive
-        else "no runner is serving: 'unattended serve --detach' continues it"
-    )
+    if status == "failed" and code == EXHAUSTED_CODE:
+        return (
+            f"stopped ({EXHAUSTED_CODE}): continued {MAX_CONTINUATIONS} times without "
+            "progress; fix the cause, then 'unattended submit' continues it"
+        )
+    who = _who_continues(tally if reason is not None or counted(flow_run) else None, settings)
+    if not runner_alive:
+        who = "no runner is serving: 'unattended serve --detach' continues it"
     if reason is not None:
         return f"orphaned: {reason}; {who}"
     why = continuation_reason(flow_run)
@@ -316,3 +430,18 @@ def recovery_note(flow_run: FlowRun, *, runner_alive: bool) -> str | None:
     if why is not None and resumable:
         return f"interrupted: {why}; {who}"
     return None
+
+
+def _who_continues(tally: Continuations | None, settings: RecoverySettings) -> str:
+    """Say when the runner continues a campaign, its cap and backoff counted."""
+    if tally is not None and tally.exhausted:
+        return (
+            f"continued {tally.count} times without progress: the runner stops it "
+            f"({EXHAUSTED_CODE}) instead of continuing it"
+        )
+    within = settings.watchdog_seconds
+    not_before = tally.not_before(settings) if tally is not None else None
+    if not_before is not None:
+        within = max(within, (not_before - datetime.now(UTC)).total_seconds())
+    count = f" (continuation {tally.count + 1} of {MAX_CONTINUATIONS})" if tally else ""
+    return f"the runner continues it within {within:.0f} s{count}"

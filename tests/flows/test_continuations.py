@@ -1,0 +1,183 @@
+"""Continuations are the campaign's: counted in its provenance, capped, with a doubling pause."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import Cancelled, Crashed, Failed
+
+from flows._engine._fencing import RecoverySettings
+from flows._prefect import _recovery as recovery
+from flows._prefect._recovery import (
+    EXHAUSTED_CODE,
+    MAX_CONTINUATIONS,
+    SHUTDOWN_MESSAGE,
+    continuations,
+    counted,
+    stop_exhausted,
+)
+from flows._provenance import ProvenanceStore
+from tasks import TaskResult
+
+SETTINGS = RecoverySettings(lease_ttl_seconds=60, heartbeat_seconds=10, watchdog_seconds=2)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ProvenanceStore]:
+    opened = ProvenanceStore.open(tmp_path / "c")
+    opened.ensure_campaign("c", spec={}, site="local", seed=1, code_version="t")
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def _continued(store: ProvenanceStore, *, counted: bool = True) -> None:
+    progress = store.progress("c")
+    store.record_event(
+        "c",
+        "continued",
+        flow_run_id=str(uuid4()),
+        details={
+            "after": str(uuid4()),
+            "why": "its run crashed",
+            "counted": counted,
+            "progress": [progress.rounds, progress.tasks] if counted else None,
+        },
+    )
+
+
+def _finish_a_task(store: ProvenanceStore) -> None:
+    store.start_round("c", 0)
+    store.record_batch_launched(
+        "c/0/k", campaign="c", round_index=0, candidates=[[0.5]], backend="local"
+    )
+    result = TaskResult(
+        index=0, key="t", status="done", value={"value": 1.0}, runtime=1.0, host="h", attempts=1
+    )
+    store.record_batch_results("c/0/k", [result])
+
+
+def _run(state: Any) -> FlowRun:
+    return FlowRun(id=uuid4(), name="r", flow_id=uuid4(), state=state)
+
+
+class TestCounted:
+    def test_crashed_and_failed_runs_count_a_runner_s_shutdown_does_not(self) -> None:
+        assert counted(_run(Crashed()))
+        assert counted(_run(Failed(message="campaign failed (storage_unavailable): x")))
+        assert not counted(_run(Cancelled(message=SHUTDOWN_MESSAGE)))
+
+
+class TestContinuations:
+    def test_counted_continuations_at_the_same_progress_are_counted(
+        self, store: ProvenanceStore
+    ) -> None:
+        for _ in range(3):
+            _continued(store)
+        _continued(store, counted=False)  # after a runner's shutdown: not counted
+        tally = continuations(store, "c")
+        assert tally.count == 3
+        assert not tally.exhausted
+
+    def test_progress_starts_a_new_count(self, store: ProvenanceStore) -> None:
+        for _ in range(MAX_CONTINUATIONS):
+            _continued(store)
+        assert continuations(store, "c").exhausted
+        _finish_a_task(store)
+        assert continuations(store, "c").count == 0
+
+    def test_the_pause_doubles_from_the_last_continuation(self, store: ProvenanceStore) -> None:
+        assert continuations(store, "c").not_before(SETTINGS) is None
+        _continued(store)
+        first = continuations(store, "c")
+        assert first.last_at is not None
+        assert first.not_before(SETTINGS) == first.last_at + timedelta(seconds=2)
+        _continued(store)
+        _continued(store)
+        third = continuations(store, "c")
+        assert third.last_at is not None
+        assert third.not_before(SETTINGS) == third.last_at + timedelta(seconds=8)
+
+    def test_the_count_is_the_campaign_s_whatever_store_connection_reads_it(
+        self, store: ProvenanceStore, tmp_path: Path
+    ) -> None:
+        """A new runner (a new process, a new connection) sees the same count."""
+        for _ in range(2):
+            _continued(store)
+        other = ProvenanceStore.open(tmp_path / "c")
+        try:
+            assert continuations(other, "c").count == 2
+        finally:
+            other.close()
+
+
+class TestStopExhausted:
+    def test_the_campaign_is_recorded_failed_with_its_code_and_a_new_count_starts(
+        self, store: ProvenanceStore, tmp_path: Path
+    ) -> None:
+        for _ in range(MAX_CONTINUATIONS):
+            _continued(store)
+        tally = continuations(store, "c")
+        params = {"spec_path": str(tmp_path / "missing.toml")}  # no notice config to load
+        said = stop_exhausted(store, params, "c", _run(Crashed()), tally)
+        assert EXHAUSTED_CODE in said
+        (row,) = store.campaigns()
+        assert (row["status"], row["error_code"]) == ("failed", EXHAUSTED_CODE)
+        (event,) = store.events("c", EXHAUSTED_CODE)
+        assert event["details"]["continuations"] == MAX_CONTINUATIONS
+        # A person who submits it again starts a new count.
+        assert continuations(store, "c").count == 0
+
+
+class TestStatusNote:
+    def test_a_stopped_campaign_is_not_promised_a_continuation(
+        self, store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store.set_campaign_status("c", "failed", EXHAUSTED_CODE)
+        monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
+        note = recovery.recovery_note(_run(Crashed()), runner_alive=True)
+        assert note is not None
+        assert note.startswith(f"stopped ({EXHAUSTED_CODE})")
+        assert "continues it within" not in note
+
+    def test_a_crashed_campaign_in_its_pause_says_when_and_which_continuation(
+        self, store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for _ in range(3):
+            _continued(store)
+        monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
+        note = recovery.recovery_note(_run(Crashed()), runner_alive=True)
+        assert note is not None
+        assert f"(continuation 4 of {MAX_CONTINUATIONS})" in note
+        within = int(note.split("within ")[1].split(" s")[0])
+        assert 2 <= within <= 8  # 2 s x 2**2 after the last continuation, just recorded
+
+    def test_at_the_cap_the_note_says_it_will_be_stopped(
+        self, store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for _ in range(MAX_CONTINUATIONS):
+            _continued(store)
+        monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
+        note = recovery.recovery_note(_run(Crashed()), runner_alive=True)
+        assert note is not None
+        assert "the runner stops it (continuations_exhausted)" in note
+
+
+class _Unclosed:
+    """The test's store, which ``recovery_note`` may close without closing it."""
+
+    def __init__(self, store: ProvenanceStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def close(self) -> None:
+        pass
