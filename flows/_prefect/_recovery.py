@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -245,6 +245,9 @@ class Watchdog:
     settings: RecoverySettings
     state_dir: Path | None = None
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # Continuations whose ``continued`` event could not be written (a full disk):
+    # counted here too, by campaign, so the cap and the pause hold while storage fails.
+    unrecorded: dict[str, Continuations] = field(default_factory=dict)
 
     async def sweep(self, *, now: datetime | None = None) -> list[str]:
         """Crash orphans and continue interrupted campaigns; return what was done."""
@@ -306,7 +309,7 @@ class Watchdog:
             )
             if why is None or not resumable:
                 return done
-            tally = continuations(store, name) if counted(newest) else None
+            tally = self._counted_so_far(store, name) if counted(newest) else None
             if tally is not None and tally.exhausted:
                 params = dict(deployment.parameters)
                 done.append(stop_exhausted(store, params, name, newest, tally))
@@ -319,17 +322,24 @@ class Watchdog:
             started: FlowRun = await run_deployment(  # type: ignore[misc]
                 deployment.id, timeout=0, tags=list(deployment.tags or [])
             )
-            store.record_event(
-                name,
-                "continued",
-                flow_run_id=str(started.id),
-                details={
-                    "after": str(newest.id),
-                    "why": why,
-                    "counted": tally is not None,
-                    "progress": _mark(tally.progress) if tally is not None else None,
-                },
-            )
+            try:
+                store.record_event(
+                    name,
+                    "continued",
+                    flow_run_id=str(started.id),
+                    details={
+                        "after": str(newest.id),
+                        "why": why,
+                        "counted": tally is not None,
+                        "progress": _mark(tally.progress) if tally is not None else None,
+                    },
+                )
+            except UnattendedError:
+                if tally is not None:
+                    self.unrecorded[name] = replace(
+                        tally, count=tally.count + 1, last_at=datetime.now(UTC)
+                    )
+                raise
             done.append(f"continued {name} as {started.id}: {why}")
         finally:
             store.close()
@@ -340,6 +350,14 @@ class Watchdog:
         if self.state_dir is None:
             return True
         return state_dir_from(params.get("state_dir"), os.environ) == self.state_dir
+
+    def _counted_so_far(self, store: ProvenanceStore, name: str) -> Continuations:
+        """Return the recorded continuations, or more: this runner's unrecorded ones, if any."""
+        recorded = continuations(store, name)
+        extra = self.unrecorded.get(name)
+        if extra is None or extra.progress != recorded.progress or extra.count <= recorded.count:
+            return recorded
+        return extra
 
 
 def stop_exhausted(

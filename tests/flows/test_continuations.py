@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,21 @@ class _Unclosed:
 
     def close(self) -> None:
         pass
+
+
+class TestUnrecorded:
+    def test_continuations_a_full_disk_kept_from_the_record_still_count(
+        self, store: ProvenanceStore
+    ) -> None:
+        """A runner that could not write its ``continued`` events still stops at the cap."""
+        _continued(store)
+        watchdog = recovery.Watchdog(SETTINGS)
+        recorded = continuations(store, "c")
+        watchdog.unrecorded["c"] = replace(recorded, count=MAX_CONTINUATIONS)
+        assert watchdog._counted_so_far(store, "c").exhausted
+
+    def test_progress_made_since_forgets_them(self, store: ProvenanceStore) -> None:
+        watchdog = recovery.Watchdog(SETTINGS)
+        watchdog.unrecorded["c"] = replace(continuations(store, "c"), count=MAX_CONTINUATIONS)
+        _finish_a_task(store)
+        assert watchdog._counted_so_far(store, "c").count == 0
