@@ -218,11 +218,16 @@ class CampaignProgress:
 
 def open_progress_store(flow_run: Any) -> tuple[Any, str]:
     """Open the run's provenance database read-only; return it with the campaign's name."""
+    from flows._engine._registration import registered_parameters
     from flows._provenance._sqlite import open_read_only
     from flows._spec import load_campaign
     from tasks import load_site
 
-    params = flow_run.parameters
+    # The owner's registration, never the run's own parameters (anyone with the secret
+    # can write those): a run that is not one of ours has no progress to show here.
+    params = registered_parameters(flow_run.deployment_id, os.environ)
+    if params is None:
+        raise KeyError(str(flow_run.deployment_id))
     loaded = load_campaign(params["spec_path"])
     site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
     home = state_dir_from(params.get("state_dir"), os.environ)

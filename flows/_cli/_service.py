@@ -358,7 +358,7 @@ def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
                     if name == "PAUSED":
                         with progress.paused():
                             _print_how_to_approve(
-                                flow_run.id, flow_run.parameters, _pause_key(flow_run)
+                                flow_run.id, _registered(flow_run) or {}, _pause_key(flow_run)
                             )
                     last = name
                 if name == "PAUSED" and not wait_for_approval:
@@ -420,7 +420,9 @@ def show_runs() -> int:
     connect(start=False)
     from flows._prefect import _rest as rest
 
-    found = rest.filter_runs(os.environ)
+    # Only this state directory's campaigns: another user's runs (one server, the same
+    # campaign names, perhaps) are theirs to see.
+    found = [run for run in rest.filter_runs(os.environ) if _registered(run) is not None]
     if not found:
         print("no campaign runs")
     seen: set[str] = set()
@@ -442,10 +444,9 @@ def _print_recovery(run: RunView) -> None:
     """Say when and why the watchdog is about to recover this run's campaign, if it is."""
     if run.state_type not in _RECOVERABLE_STATES:
         return
-    # The watchdog recovers the campaigns of its own state directory only, so a run
-    # of another state directory (another user's, say) gets no note here either.
-    home = state_dir_from(None, os.environ)
-    if state_dir_from(run.parameters.get("state_dir"), os.environ) != home:
+    # The watchdog recovers the campaigns registered in its own state directory only, so
+    # a run of another state directory (another user's, say) gets no note here either.
+    if _registered(run) is None:
         return
     from flows._prefect._recovery import recovery_note_of
 
@@ -469,9 +470,22 @@ def show_run(run: str) -> int:
         queue = _queue_line(found)
         if queue:
             print(f"  {queue}")
-    if found.paused:
-        _print_how_to_approve(found.id, found.parameters, found.pause_key)
+    registered = _registered(found)
+    if registered is None:
+        print(
+            f"  not a campaign of this state directory ({state_dir_from(None, os.environ)}): "
+            "its runner and provenance are another user's (or it was made on the server by hand)"
+        )
+    elif found.paused:
+        _print_how_to_approve(found.id, registered, found.pause_key)
     return 0
+
+
+def _registered(run: Any) -> Mapping[str, Any] | None:
+    """Return the registered parameters of a run of this state directory, None if not ours."""
+    from flows._engine._registration import registered_parameters
+
+    return registered_parameters(run.deployment_id, os.environ)
 
 
 def _queue_line(flow_run: Any) -> str:
@@ -494,11 +508,13 @@ def show_approvals() -> int:
     from flows._prefect import _rest as rest
 
     runs = rest.filter_runs(os.environ, state_types=["PAUSED"], limit=200)
-    if not runs:
+    owned = [(found, _registered(found)) for found in runs]
+    waiting = [(found, params) for found, params in owned if params is not None]
+    if not waiting:
         print("no approvals pending")
-    for found in runs:
+    for found, params in waiting:
         print(f"flow run {found.id} ({found.name})")
-        _print_how_to_approve(found.id, found.parameters, found.pause_key)
+        _print_how_to_approve(found.id, params, found.pause_key)
     return 0
 
 
@@ -534,7 +550,15 @@ def answer(
         from flows._prefect._pending import describe_pending
 
         # Before resuming: the form's pause key is the handle on the flow's verdict.
-        pending = describe_pending(found.parameters, found.pause_key, os.environ)
+        registered = _registered(found)
+        if registered is None:
+            raise NotFound(
+                f"flow run {flow_run_id} is not a campaign of this state directory "
+                f"({state_dir_from(None, os.environ)}); answer it from the Prefect UI, or "
+                "with --no-wait (its verdict is recorded in its owner's provenance)",
+                details={"run": run},
+            )
+        pending = describe_pending(registered, found.pause_key, os.environ)
     rest.approve(
         os.environ,
         flow_run_id,

@@ -73,7 +73,9 @@ class RunView:
     state_message: str
     pause_key: str
     tags: tuple[str, ...] = ()
+    # As the server holds them: anyone with the secret can write these (never an authority).
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    deployment_id: str | None = None
 
     @property
     def paused(self) -> bool:
@@ -99,6 +101,7 @@ class RunView:
             pause_key=str(details.get("pause_key") or ""),
             tags=tuple(data.get("tags") or ()),
             parameters=dict(data.get("parameters") or {}),
+            deployment_id=str(data["deployment_id"]) if data.get("deployment_id") else None,
         )
 
 

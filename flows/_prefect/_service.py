@@ -23,8 +23,9 @@ from uuid import UUID
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
-    DeploymentFilterTags,
+    DeploymentFilterId,
     FlowRunFilter,
+    FlowRunFilterDeploymentId,
     FlowRunFilterState,
     FlowRunFilterStateType,
 )
@@ -43,7 +44,14 @@ from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
 from flows._engine._direct import code_version, open_store
 from flows._engine._fencing import RecoverySettings
 from flows._engine._inputs import open_campaign
-from flows._paths import campaign_dir, private_dir, state_dir_from
+from flows._engine._registration import (
+    Registration,
+    deployment_name,
+    read_registration,
+    registrations,
+    write_registration,
+)
+from flows._paths import HOME_VARIABLE, campaign_dir, private_dir, state_dir_from
 from flows._prefect import _rest as rest
 from flows._prefect._campaign import campaign_flow
 from flows._prefect._pending import PendingApproval, describe_pending
@@ -85,13 +93,13 @@ def campaign_tag(name: str) -> str:
     return f"campaign:{name}"
 
 
-async def active_run(campaign: str) -> FlowRun | None:
-    """Return the campaign's run that is scheduled, running or suspended, if any."""
+async def active_run(deployment_id: UUID) -> FlowRun | None:
+    """Return the deployment's run that is scheduled, running or suspended, if any."""
     async with get_client() as client:
         runs = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=ACTIVE_STATES)),
-                tags={"all_": [TAG, campaign_tag(campaign)]},  # type: ignore[arg-type]
+                deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]),
             ),
             limit=1,
         )
@@ -130,21 +138,40 @@ async def submit_campaign(
     # One API client for the whole submission: every Prefect helper below would open its
     # own (each builds a TLS context, ~30 ms at rest and 0.2 s at load 15 on 2 cores).
     async with AsyncClientContext.get_or_create():
-        existing = await active_run(name)
-        if existing is not None and existing.deployment_id is not None:
-            return Submitted(name, existing.id, existing.deployment_id, already_active=True)
+        registered = read_registration(home, name)
+        if registered is not None:
+            existing = await active_run(UUID(registered.deployment_id))
+            if existing is not None:
+                return Submitted(
+                    name, existing.id, UUID(registered.deployment_id), already_active=True
+                )
+        parameters = {"spec_path": str(loaded.path), "site": site_name, "state_dir": str(home)}
         deployment = await campaign_flow.ato_deployment(
-            name=name,
-            parameters={"spec_path": str(loaded.path), "site": site_name, "state_dir": str(home)},
+            # (state directory, name) is the campaign: another user's "demo" is another
+            # deployment, never this one updated.
+            name=deployment_name(name, home),
+            parameters=parameters,
             tags=[TAG, campaign_tag(name)],
-            description=f"unattended campaign {name} ({loaded.path})",
+            description=f"unattended campaign {name} ({loaded.path}; state directory {home})",
             entrypoint_type=EntrypointType.MODULE_PATH,
             concurrency_limit=ONE_RUN_AT_A_TIME,
+            enforce_parameter_schema=True,
         )
         # Both are sync/async dispatchers; inside a coroutine they return awaitables.
         deployment_id: UUID = await deployment.apply()  # type: ignore[misc]
+        # The registration is the authority the runner and the flow read: written before
+        # the run exists, so the run is never judged against a missing record.
+        write_registration(
+            home,
+            Registration(
+                campaign=name,
+                deployment_id=str(deployment_id),
+                deployment_name=deployment_name(name, home),
+                **parameters,
+            ),
+        )
         flow_run: FlowRun = await run_deployment(  # type: ignore[misc]
-            deployment_id, timeout=0, tags=[TAG, campaign_tag(name)]
+            deployment_id, timeout=0, parameters=parameters, tags=[TAG, campaign_tag(name)]
         )
     private_dir(campaign_dir(home, name))
     return Submitted(name, flow_run.id, deployment_id, already_active=False)
@@ -174,39 +201,59 @@ class CampaignService:
         self.watch_seconds = settings.watchdog_seconds if watch_seconds is None else watch_seconds
         # Where `unattended submit` leaves requests for this runner (flows._prefect._submissions).
         self.state_dir = state_dir_from(state_dir, os.environ)
+        self._own_environment()
         self.watchdog = Watchdog(settings, self.state_dir)
         self._served: set[UUID] = set()
 
     async def sync_deployments(self) -> int:
-        """Serve this state directory's campaign deployments not served yet; return how many.
+        """Serve this state directory's registered campaigns not served yet; return how many.
 
-        On a shared server every user's campaigns are deployments tagged ``unattended``;
-        a runner serves its own state directory's only (the watchdog's rule), so it
-        never runs another user's campaign under its own uid, and its start does not
-        grow with everybody's deployments (each one served is a write to the server).
+        On a shared server every user's campaigns are deployments tagged ``unattended``
+        and anyone holding the secret can create or change one. A runner serves only the
+        deployments registered in its own state directory (``flows._engine._registration``),
+        with the parameters registered there, never the server's copy: it never runs
+        another user's campaign under its own uid, and its start does not grow with
+        everybody's deployments (each one served is a write to the server).
         """
+        wanted = {
+            UUID(r.deployment_id): r
+            for r in registrations(self.state_dir)
+            if UUID(r.deployment_id) not in self._served
+        }
+        if not wanted:
+            return 0
         async with get_client() as client:
             deployments = await client.read_deployments(
-                deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[TAG]))
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=list(wanted)))
             )
         added = 0
         for deployment in deployments:
-            if deployment.id in self._served or not self.watchdog.mine(dict(deployment.parameters)):
-                continue
+            registration = wanted[deployment.id]
             await self.runner.aadd_flow(
                 campaign_flow,
-                name=deployment.name,
-                parameters=deployment.parameters,
-                tags=deployment.tags,
+                name=registration.deployment_name,
+                parameters=registration.parameters,
+                tags=[TAG, campaign_tag(registration.campaign)],
                 description=deployment.description,
                 entrypoint_type=EntrypointType.MODULE_PATH,
+                concurrency_limit=ONE_RUN_AT_A_TIME,
+                enforce_parameter_schema=True,
             )
             self._served.add(deployment.id)
             added += 1
         return added
 
+    def _own_environment(self) -> None:
+        """Make the flow runs this runner starts inherit its state directory.
+
+        They judge their runs against the registrations of the state directory in
+        their environment (``campaign_flow``): the runner's, never a run's.
+        """
+        os.environ[HOME_VARIABLE] = str(self.state_dir)
+
     async def run_once(self) -> None:
         """Serve deployments, expire approvals, run what is due now and wait for it (tests)."""
+        self._own_environment()
         await self.sync_deployments()
         await expire_approvals()
         await self.runner.start(run_once=True)
@@ -220,6 +267,7 @@ class CampaignService:
         # Submit and approve wake the watch now (flows._prefect._runner). Listen before
         # the first server call: a nudge that came earlier was ignored (SIG_IGN).
         nudges = Nudges()
+        self._own_environment()
         await self.sync_deployments()
 
         async def watch() -> None:

@@ -378,7 +378,7 @@ class CampaignEvent(SQLModel, table=True):
     """Something that happened to the campaign outside its rounds (revision 0004).
 
     Kinds: ``fenced_out``, ``inputs_pinned``, ``inputs_revised``, ``spec_changed``,
-    ``decision_mismatch``, ``orphan_crashed``, ``continued``.
+    ``decision_mismatch``, ``orphan_crashed``, ``continued``, ``run_refused``.
     """
 
     __tablename__ = "campaign_event"

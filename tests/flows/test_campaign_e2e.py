@@ -71,8 +71,14 @@ class TestApproval:
 
 
 class TestRunnerServesItsOwnStateDirectory:
-    async def test_another_state_directory_s_campaign_is_not_served(self, prefect_server, tmp_path):
-        """Two users, one server: a runner never runs the other's campaign under its uid."""
+    async def test_only_deployments_registered_in_its_state_directory_are_served(
+        self, prefect_server, tmp_path
+    ):
+        """Two users, one server: a runner never runs the other's campaign under its uid.
+
+        Nor a deployment made on the server by hand that names the runner's state
+        directory: only what ``submit`` registered there is served.
+        """
         import uuid
 
         from prefect.types.entrypoint import EntrypointType
@@ -80,17 +86,38 @@ class TestRunnerServesItsOwnStateDirectory:
         from flows._prefect._campaign import campaign_flow
 
         ours, theirs = tmp_path / "alice", tmp_path / "bob"
-        ids = {}
+        spec = demo_copy(tmp_path, "campaign.toml", **{'name = "demo"': 'name = "e2e-scope"'})
+        submitted = await submit_campaign(spec, state_dir=ours)
+        by_hand = []
         for home in (ours, theirs):
             deployment = await campaign_flow.ato_deployment(
                 name=f"scope-{home.name}-{uuid.uuid4().hex[:8]}",
-                parameters={"spec_path": str(tmp_path / "c.toml"), "state_dir": str(home)},
+                parameters={"spec_path": str(spec), "state_dir": str(home)},
                 tags=["unattended"],
                 entrypoint_type=EntrypointType.MODULE_PATH,
             )
-            ids[home] = await deployment.apply()
+            by_hand.append(await deployment.apply())
         service = CampaignService(query_seconds=0.5, state_dir=ours)
         assert await service.sync_deployments() == 1
-        assert ids[ours] in service._served
-        assert ids[theirs] not in service._served
+        assert service._served == {submitted.deployment_id}
         assert await service.sync_deployments() == 0
+
+    async def test_two_state_directories_may_use_one_campaign_name(self, prefect_server, tmp_path):
+        """Alice's and Bob's "twins" are two campaigns: each runs under its own runner only."""
+        spec = demo_copy(tmp_path, "campaign.toml", **{'name = "demo"': 'name = "e2e-twins"'})
+        alice, bob = tmp_path / "alice", tmp_path / "bob"
+        first = await submit_campaign(spec, state_dir=alice)
+        second = await submit_campaign(spec, state_dir=bob)
+        assert not second.already_active
+        assert second.deployment_id != first.deployment_id
+        await CampaignService(query_seconds=0.5, state_dir=alice).run_once()
+        assert await state_of(first.flow_run_id) == "COMPLETED"
+        assert await state_of(second.flow_run_id) == "SCHEDULED"
+        await CampaignService(query_seconds=0.5, state_dir=bob).run_once()
+        assert await state_of(second.flow_run_id) == "COMPLETED"
+        for home in (alice, bob):
+            store = ProvenanceStore.open(home / "campaigns" / "e2e-twins")
+            try:
+                assert store.campaigns()[0]["status"] == "completed"
+            finally:
+                store.close()

@@ -1,0 +1,221 @@
+"""A run carries no authority: what executes is what the owner submitted, whoever made the run.
+
+The attacker here holds the server secret (as every co-approver does) and talks to
+the real Prefect server's REST API, as another user on the login node would. The
+owner's campaign (the approval demo) waits for round 2's approval; the attacker
+creates runs of the owner's deployment with another spec (whose simulation would
+leave a marker file), another state directory, another site, or extra
+parameters; and a deployment of their own that names the owner's state directory.
+The owner's real runner drives whatever is due. Nothing the attacker named is
+loaded or run, every refused run is recorded in the owner's provenance as
+``run_refused``, and the waiting round never launches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from service_helpers import campaign_db, demo_copy, sqlite_rows  # type: ignore[import-not-found]
+
+from flows._prefect._rest import request
+from flows._prefect._server import ServerHandle, client_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240, func_only=True)]
+
+NAME = "sec-authority"
+
+
+@dataclass
+class Owner:
+    """The owner's suspended campaign, their runner, and the attacker's folder."""
+
+    server: ServerHandle
+    flow_run_id: UUID
+    deployment_id: UUID
+    home: Path
+    spec: Path
+    attacker: Path
+    service: Any
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        return request(client_env(self.server), method, path, body)
+
+    def drive(self) -> None:
+        asyncio.run(self.service.run_once())
+
+    def state(self, flow_run_id: UUID) -> tuple[str, str]:
+        run = self.api("GET", f"flow_runs/{flow_run_id}")
+        return run["state"]["type"], run["state"].get("message") or ""
+
+    def refusals(self) -> list[tuple[str, list[str]]]:
+        rows = sqlite_rows(
+            campaign_db(self.home, NAME),
+            "SELECT flow_run_id, details FROM campaign_event WHERE kind = 'run_refused' "
+            "ORDER BY id",
+        )
+        return [(row[0], json.loads(row[1])["fields"]) for row in rows]
+
+    def batches_of_round(self, index: int) -> int:
+        rows = sqlite_rows(
+            campaign_db(self.home, NAME),
+            "SELECT COUNT(*) FROM batch WHERE round_index = ?",
+            index,
+        )
+        return int(rows[0][0])
+
+
+def _hostile_spec(folder: Path) -> Path:
+    """Write the attacker's campaign (same name): its simulation leaves ``pwned`` behind."""
+    marker = folder / "pwned"
+    script = folder / "sim.sh"
+    script.write_text(f'#!/bin/sh\ntouch "{marker}"\ncat >/dev/null\necho \'{{"value": 1.0}}\'\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return demo_copy(folder, "campaign.toml", NAME, objective__simulation=json.dumps([str(script)]))
+
+
+@pytest.fixture(scope="module")
+def owner(
+    prefect_server: ServerHandle, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Owner]:
+    """Submit the approval demo as the owner and drive it until it waits for round 2."""
+    from flows._prefect._service import CampaignService, submit_campaign
+
+    folder = tmp_path_factory.mktemp("authority")
+    spec = demo_copy(folder / "owner", "campaign-approval.toml", NAME, rounds="3")
+    home = folder / "owner" / "home"
+    attacker = folder / "mallory"
+    attacker.mkdir()
+    saved = os.environ.get("PREFECT_LOCAL_STORAGE_PATH")
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(folder / "results")
+    submitted = asyncio.run(submit_campaign(spec, state_dir=home))
+    found = Owner(
+        prefect_server,
+        submitted.flow_run_id,
+        submitted.deployment_id,
+        home,
+        spec,
+        attacker,
+        CampaignService(query_seconds=0.5, state_dir=home),
+    )
+    found.drive()
+    assert found.state(submitted.flow_run_id)[0] == "PAUSED"
+    try:
+        yield found
+    finally:
+        if saved is None:
+            os.environ.pop("PREFECT_LOCAL_STORAGE_PATH", None)
+        else:
+            os.environ["PREFECT_LOCAL_STORAGE_PATH"] = saved
+
+
+def _registered(owner: Owner) -> dict[str, Any]:
+    return {"spec_path": str(owner.spec.resolve()), "site": "local", "state_dir": str(owner.home)}
+
+
+ATTACKS: dict[str, Any] = {
+    "another-spec": lambda owner: {"spec_path": str(_hostile_spec(owner.attacker))},
+    "another-state-dir": lambda owner: {"state_dir": str(owner.attacker / "fresh-home")},
+    "another-site": lambda owner: {"site": str(owner.attacker / "site.toml")},
+}
+
+
+class TestRunsOfTheOwnersDeployment:
+    @pytest.mark.parametrize("attack", sorted(ATTACKS))
+    def test_a_run_with_other_parameters_executes_nothing_and_is_recorded(
+        self, owner: Owner, attack: str
+    ) -> None:
+        """Another spec, state directory or site: refused before anything is loaded."""
+        before = len(owner.refusals())
+        parameters = {**_registered(owner), **ATTACKS[attack](owner)}
+        created = owner.api(
+            "POST",
+            f"deployments/{owner.deployment_id}/create_flow_run",
+            {"parameters": parameters, "tags": ["unattended", f"campaign:{NAME}"]},
+        )
+        owner.drive()
+        state, message = owner.state(UUID(created["id"]))
+        assert state == "FAILED"
+        assert "run_refused" in message
+        assert not (owner.attacker / "pwned").exists()
+        assert not (owner.attacker / "fresh-home").exists()
+        refusals = owner.refusals()
+        assert len(refusals) == before + 1
+        assert refusals[-1][0] == created["id"]
+        assert set(refusals[-1][1]) == set(ATTACKS[attack](owner))
+        # The owner's run still waits, and the waiting round has launched nothing.
+        assert owner.state(owner.flow_run_id)[0] == "PAUSED"
+        assert owner.batches_of_round(2) == 0
+
+    def test_a_run_with_an_extra_parameter_executes_nothing(self, owner: Owner) -> None:
+        """An unknown parameter is refused by the server's schema or by the flow."""
+        from flows._prefect._rest import ServerError
+
+        try:
+            created = owner.api(
+                "POST",
+                f"deployments/{owner.deployment_id}/create_flow_run",
+                {"parameters": {**_registered(owner), "evil": 1}},
+            )
+        except ServerError:
+            return  # the deployment's parameter schema refused it: nothing exists to run
+        before = len(owner.refusals())
+        owner.drive()
+        # The flow takes three parameters: Prefect's argument binding fails the run before
+        # the flow's own check (Crashed); the runner's watchdog records it as refused and
+        # never continues it.
+        assert owner.state(UUID(created["id"]))[0] == "CRASHED"
+        asyncio.run(owner.service.watchdog.sweep())
+        refusals = owner.refusals()
+        assert refusals[before:] == [(created["id"], ["evil"])]
+        asyncio.run(owner.service.watchdog.sweep())
+        assert len(owner.refusals()) == before + 1  # once
+        assert owner.state(owner.flow_run_id)[0] == "PAUSED"
+        assert owner.batches_of_round(2) == 0
+
+
+class TestDeploymentsNotRegistered:
+    def test_a_deployment_naming_the_owners_state_directory_is_never_served(
+        self, owner: Owner
+    ) -> None:
+        """A deployment made on the server by hand is not the owner's, whatever it names."""
+        flow_id = owner.api("GET", f"deployments/{owner.deployment_id}")["flow_id"]
+        deployment = owner.api(
+            "POST",
+            "deployments/",
+            {
+                "name": f"{NAME}-planted",
+                "flow_id": flow_id,
+                "entrypoint": "flows._prefect._campaign:campaign_flow",
+                "parameters": {
+                    "spec_path": str(_hostile_spec(owner.attacker)),
+                    "site": "local",
+                    "state_dir": str(owner.home),
+                },
+                "tags": ["unattended", f"campaign:{NAME}"],
+            },
+        )
+        created = owner.api("POST", f"deployments/{deployment['id']}/create_flow_run", {})
+        owner.drive()
+        assert UUID(deployment["id"]) not in owner.service._served
+        assert owner.state(UUID(created["id"]))[0] == "SCHEDULED"  # nobody runs it
+        assert not (owner.attacker / "pwned").exists()
+        assert owner.state(owner.flow_run_id)[0] == "PAUSED"
+
+    def test_the_owners_run_still_completes_after_an_allowed_approval(self, owner: Owner) -> None:
+        """The defences cost the owner nothing: alice approves, the campaign completes."""
+        from flows._prefect._service import approve_run
+
+        asyncio.run(approve_run(owner.flow_run_id, approver="alice"))
+        owner.drive()
+        assert owner.state(owner.flow_run_id)[0] == "COMPLETED"
+        assert owner.batches_of_round(2) == 1
+        assert not (owner.attacker / "pwned").exists()
