@@ -28,6 +28,9 @@ from typing import Any
 
 import pytest
 import tomli_w
+from allocation_properties import (  # type: ignore[import-not-found]
+    assert_allocations_follow_one_another,
+)
 from private_slurm import SlurmCluster  # type: ignore[import-not-found]
 
 from flows._prefect._server import ServerHandle, client_env
@@ -162,20 +165,14 @@ def test_the_demo_campaign_records_the_slurm_job_of_every_task(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     database = database_of(tmp_path, name)
-    jobs = {
-        job: (reason, started, ends)
-        for job, reason, started, ends in rows(
-            database, "SELECT job_id, end_reason, started_at, ends_at FROM allocation"
-        )
-    }
-    assert jobs
-    assert {reason for reason, _, _ in jobs.values()} <= {"released", "completed"}
+    # One job on a quiet machine; on a busy one the campaign may meet the walltime and
+    # go on in the next job: jobs one after another, the last let go at the end.
+    jobs = {w.job_id for w in assert_allocations_follow_one_another(database)}
     results = rows(
         database, "SELECT job_id, host, allocation_start, allocation_end, status FROM task_result"
     )
-    assert len(results) == 2 * 8
     for job, host, start, end, status in results:
-        assert status == "done"
+        assert status in ("done", "interrupted")
         assert job in jobs
         assert host == slurm.host
         assert start is not None
@@ -195,7 +192,7 @@ def test_the_demo_campaign_records_the_slurm_job_of_every_task(
     for task in verifier_tasks:
         assert task["job_id"] in jobs
         assert task["host"] == slurm.host
-        assert task["status"] == "done"
+        assert task["status"] in ("done", "interrupted")
     assert_every_candidate_once(database, log, rounds=2, batch_size=8)
 
 
@@ -249,12 +246,14 @@ def test_scancel_mid_batch_the_campaign_relaunches_exactly_the_interrupted_candi
             run.kill()
     output = (tmp_path / "run.out").read_text()
     assert code == 0, output[-3000:]
-    allocations = rows(database, "SELECT job_id, end_reason FROM allocation ORDER BY request")
-    assert (job[0], "cancelled") in allocations
-    assert len(allocations) >= 2
+    windows = assert_allocations_follow_one_another(database, between=("cancelled", "timeout"))
+    assert (job[0], "cancelled") in {(w.job_id, w.end_reason) for w in windows}
+    assert len(windows) >= 2
     interrupted = rows(database, "SELECT job_id FROM task_result WHERE status = 'interrupted'")
     assert interrupted
-    assert {j for (j,) in interrupted} == {job[0]}
+    assert job[0] in {j for (j,) in interrupted}
+    # Tasks are cut only where a job ended under them: the scancel, or (busy machine) a walltime.
+    assert {j for (j,) in interrupted} <= {w.job_id for w in windows if w.end_reason != "released"}
     relaunches = rows(database, "SELECT relaunch FROM batch WHERE relaunch > 0")
     assert relaunches
     assert_every_candidate_once(database, log, rounds=2, batch_size=4)
@@ -275,9 +274,8 @@ def test_one_minute_allocations_carry_a_campaign_through_three_of_them_unattende
     done = unattended(env, "run", str(spec), "--site", str(site), cwd=tmp_path, timeout=1100)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     database = database_of(tmp_path, name)
-    allocations = rows(database, "SELECT job_id, end_reason FROM allocation ORDER BY request")
-    assert len(allocations) >= 3
-    assert "timeout" in {reason for _, reason in allocations}
+    windows = assert_allocations_follow_one_another(database, between=("timeout",))
+    assert len(windows) >= 3
     assert rows(database, "SELECT count(*) FROM task_result WHERE status = 'interrupted'")[0][0]
     assert_every_candidate_once(database, log, rounds=2, batch_size=4)
     humans = rows(database, "SELECT count(*) FROM approval")[0][0]

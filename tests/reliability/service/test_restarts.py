@@ -201,6 +201,17 @@ def _launched(database: Path, *, round_index: int) -> bool:
         return False  # the file exists before its schema does
 
 
+def _wait_flow_run_process_gone(database: Path, timeout: float = 60) -> None:
+    """Return once the process holding the campaign's lease (the flow run's) has exited."""
+    from flows._provenance._lease import process_gone
+
+    (host, pid) = sqlite_rows(database, "SELECT host, pid FROM campaign_lease")[0]
+    deadline = time.monotonic() + timeout
+    while not process_gone(host, int(pid)):
+        assert time.monotonic() < deadline, f"flow-run process {pid} still runs"
+        time.sleep(0.1)
+
+
 def _executions(stack: Stack) -> Counter[str]:
     path = stack.folder / "executions.jsonl"
     return Counter(path.read_text().splitlines()) if path.exists() else Counter()
@@ -235,7 +246,9 @@ class TestRestartWhileSuspended:
         stack.start_runner()
         stack.wait_for(submitted.flow_run_id, {"PAUSED"})
         before = _executions(stack)
-        time.sleep(1.0)  # the flow-run process saves the form and exits
+        # Suspended: the form is on the server; the flow-run process exits after it.
+        database = stack.home / "campaigns" / "restart-suspended" / "provenance.db"
+        _wait_flow_run_process_gone(database)
 
         stack.restart()
         asyncio.run(approve_run(submitted.flow_run_id, approver="alice", comment="after restart"))
@@ -246,7 +259,6 @@ class TestRestartWhileSuspended:
         run = stack.wait_for(submitted.flow_run_id, {"COMPLETED", "FAILED", "CRASHED"})
 
         assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
-        database = stack.home / "campaigns" / "restart-suspended" / "provenance.db"
         _complete_provenance(database, rounds=3, batch=4)
         assert sqlite_rows(database, "SELECT decided_by, decision, comment FROM approval") == [
             ("alice", "approved", "after restart")
