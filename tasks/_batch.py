@@ -313,7 +313,7 @@ async def _launch_once(
     if finished is not None:
         return finished, True
     if seconds_for is not None:
-        await executor.ensure_time(seconds_for(len(candidates)))
+        await executor.ensure_time(seconds_for(len(candidates)), unit=seconds_for(1))
     elif executor.allocation_lost:
         await executor.request_allocation()
     store.record_batch_launched(

@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
+from policies import DeadlineExceeded
 from tasks._allocations import AllocationRecord, AllocationWatch, BudgetUsed
 from tasks._asyncflow_internals import replace_pool
 from tasks._dispatch import AttemptOutcome, Dispatcher
@@ -187,28 +188,50 @@ class AllocationExecutor:
         end = self.allocation_end()
         return None if end is None else max(0.0, end - time.time())
 
-    async def ensure_time(self, seconds: float) -> bool:
-        """Make sure work of ``seconds`` can finish in this allocation; return True if renewed.
+    async def ensure_time(self, seconds: float, *, unit: float | None = None) -> bool:
+        """Make sure work of ``seconds`` can run in this allocation; return True if renewed.
 
-        Asks for the next allocation when the current one has ended, or when it runs
-        but ends in less than ``seconds`` while a fresh one (the site's walltime)
-        would hold the work. A job still queued has its whole walltime ahead. Work
-        longer than the walltime runs anyway: what is interrupted is relaunched.
+        ``unit`` is how long the work's first task (its first wave) takes; by default
+        the whole work is one unit. Nothing is launched into an allocation that cannot
+        finish one unit before its end:
+
+        * the current allocation has ended, or ends in less than ``seconds`` while a
+          fresh one (the site's walltime) would hold the work: the next is requested;
+        * the work is longer than the walltime (no allocation holds it): it is split,
+          launched here when one unit finishes before the end (what is interrupted
+          is relaunched in the next), else in the next allocation;
+        * one unit is longer than the walltime: no allocation can finish it, and the
+          work is refused. A job still queued has its whole walltime ahead.
+
+        Raises:
+            policies.DeadlineExceeded: One unit is longer than ``scheduler.walltime``.
+            policies.BudgetExceeded: The next allocation is beyond the site's budget.
         """
         if self._watch is None:
             return False
+        walltime = self.site.scheduler.walltime_seconds
+        first = seconds if unit is None else min(unit, seconds)
+        if walltime is not None and first > walltime:
+            raise DeadlineExceeded(
+                f"one task takes {first:.0f} s by the site's cost model, longer than "
+                f"scheduler.walltime ({walltime:.0f} s): no allocation can finish it; raise "
+                "the walltime or lower cost.simulation_seconds / cost.verifier_seconds",
+                details={"field": "scheduler.walltime", "seconds": first, "walltime": walltime},
+            )
         if self._watch.is_lost:
             await self.request_allocation()
             return True
         left = self._watch.seconds_left()
-        walltime = self.site.scheduler.walltime_seconds
         if left is None or left >= seconds:
             return False
-        if walltime is not None and seconds > walltime:
-            logger.warning(
-                "work of %.0f s is longer than the walltime (%.0f s): launched anyway",
+        if walltime is not None and seconds > walltime and left > 0.0 and first <= left:
+            logger.info(
+                "work of %.0f s is longer than the walltime (%.0f s): launched with %.0f s "
+                "left, which finish its first %.0f s; the rest is relaunched in the next",
                 seconds,
                 walltime,
+                left,
+                first,
             )
             return False
         logger.info(

@@ -172,7 +172,9 @@ def build_gate(
 
     async def verifier_in_time(proposal: Proposal) -> dict[str, Any]:
         size = len(proposal.candidates)
-        await executor.ensure_time(site.batch_seconds(size, verifiers=size))
+        # One verifier wave must finish where it is launched (the unit of this work).
+        unit = site.batch_seconds(0, verifiers=1)
+        await executor.ensure_time(site.batch_seconds(size, verifiers=size), unit=unit)
         return await check(proposal)  # where its tasks ran: the verdict's details
 
     verifier_in_time.__name__ = verifier_in_time.__qualname__ = VERIFIER_CHECK
