@@ -25,6 +25,7 @@ from flows._cli._exit import (
 # One module per command group, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "flows._cli._campaign",
+    "flows._cli._operate",
     "flows._cli._server",
     "flows._cli._approver",
     "flows._cli._inspect",

@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=_serve)
 
     status = subparsers.add_parser("status", help="list campaign runs, or show one")
-    status.add_argument("run", nargs="?", help="a flow run id")
+    status.add_argument("run", nargs="?", help="a flow run id, or a campaign name (its newest run)")
     status.set_defaults(handler=_status)
 
     approvals = subparsers.add_parser("approvals", help="list runs waiting for approval")
@@ -182,6 +182,12 @@ def _serve(args: argparse.Namespace) -> int:
         print("runner stopped" if stop_runner() else "no runner was running")
         return 0
     if args.detach:
+        from flows._cli._service import runner_pid
+
+        serving = runner_pid()
+        if serving is not None:
+            print(f"a runner already serves this state directory (pid {serving}); nothing started")
+            return 0
         pid = start_detached_runner(args.query_seconds)
         print(f"runner started in the background (pid {pid})")
         return 0
@@ -191,7 +197,47 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from flows._cli._service import show_run, show_runs
 
-    return show_run(args.run) if args.run else show_runs()
+    if not args.run:
+        return show_runs()
+    return show_run(_run_of(args.run))
+
+
+def _run_of(given: str) -> str:
+    """Return the flow run id ``status`` shows: ``given`` itself, or campaign ``given``'s newest."""
+    import os
+    from uuid import UUID
+
+    try:
+        UUID(given)
+    except ValueError:
+        pass
+    else:
+        return given
+    from flows._engine._registration import read_registration
+    from flows._paths import state_dir_from
+    from flows._prefect._connect import connect
+    from flows._prefect._rest import request
+    from policies import NotFound
+
+    home = state_dir_from(None, os.environ)
+    registration = read_registration(home, given)
+    if registration is None:
+        raise NotFound(
+            f"{given!r} is neither a flow run id nor a campaign submitted from this state "
+            f"directory ({home})",
+            details={"campaign": given},
+        )
+    connect(start=False)
+    body = {
+        "flow_runs": {"deployment_id": {"any_": [registration.deployment_id]}},
+        "sort": "EXPECTED_START_TIME_DESC",
+        "limit": 1,
+        "offset": 0,
+    }
+    found = request(os.environ, "POST", "flow_runs/filter", body)
+    if not found:
+        raise NotFound(f"campaign {given!r} has no flow run", details={"campaign": given})
+    return str(found[0]["id"])
 
 
 def _approvals(args: argparse.Namespace) -> int:

@@ -79,13 +79,22 @@ def list_campaigns(locations: list[str]) -> list[dict[str, Any]]:
     return found
 
 
+def shown_status(status: str, error_code: str | None) -> str:
+    """Return the status a person reads: a campaign stopped by ``cancel`` is ``cancelled``.
+
+    The database keeps it as ``blocked`` with the code ``cancelled`` (its status
+    column has no ``cancelled``); ``--json`` shows both columns as stored.
+    """
+    return "cancelled" if status == "blocked" and error_code == "cancelled" else status
+
+
 def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
     """Print one line per campaign."""
     columns = ("name", "status", "error_code", "site", "rounds", "updated", "database")
     rows = [
         [
             c["name"],
-            c["status"],
+            shown_status(c["status"], c["error_code"]),
             c["error_code"],
             c["site"],
             c["rounds"],
@@ -100,7 +109,9 @@ def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     """Print a campaign summary: header, totals, rounds, approvals, best result."""
     c, t = summary["campaign"], summary["totals"]
-    status = c["status"] + (f" ({c['error_code']})" if c["error_code"] else "")
+    status = shown_status(c["status"], c["error_code"])
+    if c["error_code"] and status != c["error_code"]:
+        status += f" ({c['error_code']})"
     console.print(Text(f"Campaign {c['name']}: {status}", style="bold"))
     console.print(
         Text(

@@ -26,6 +26,7 @@ from flows._engine._round import CampaignResult, Hooks
 from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._prefect._approval_form import Approval, approval_form
 from flows._prefect._connect import ui_url
+from flows._prefect._endings import record_failure
 from flows._prefect._logging import install_log_filters
 from flows._prefect._server import flow_run_ui_url
 from flows._provenance import CampaignFenced, SpecChanged
@@ -139,6 +140,10 @@ async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
         return Cancelled(message=f"fenced out: {exc.message}")
     except SpecChanged as exc:
         return Failed(message=f"campaign failed ({exc.code}): {exc.message}")
+    except Exception as exc:
+        # A failure outside a round (the executor's start, say): the provenance says so.
+        record_failure(store, loaded.spec.name, exc)
+        raise
     finally:
         telemetry.flush()
         store.close()

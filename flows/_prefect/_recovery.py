@@ -54,6 +54,7 @@ from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
 from flows._engine._notify import Notifier
 from flows._paths import campaign_dir, state_dir_from
+from flows._prefect._endings import cancelled_by_a_person, record_cancelled
 from flows._provenance import LeaseRow, ProvenanceStore
 from flows._provenance._readers import Progress
 from flows._spec import load_campaign
@@ -147,7 +148,9 @@ def _may_need_action(runs: list[FlowRun], now: datetime) -> bool:
         return True
     if any(_state_type(r) in ACTIVE for r in runs):
         return False
-    return continuation_reason(max(runs, key=lambda r: r.created or now)) is not None
+    newest = max(runs, key=lambda r: r.created or now)
+    # A Cancelled newest run may be a person's cancel that the provenance must record.
+    return continuation_reason(newest) is not None or _state_type(newest) == StateType.CANCELLED
 
 
 def _state_type(flow_run: FlowRun) -> StateType | None:
@@ -248,6 +251,8 @@ class Watchdog:
     # Continuations whose ``continued`` event could not be written (a full disk):
     # counted here too, by campaign, so the cap and the pause hold while storage fails.
     unrecorded: dict[str, Continuations] = field(default_factory=dict)
+    # Cancelled runs whose ending is recorded already (not read again every sweep).
+    settled_cancels: set[str] = field(default_factory=set)
 
     async def sweep(self, *, now: datetime | None = None) -> list[str]:
         """Crash orphans and continue interrupted campaigns; return what was done."""
@@ -276,6 +281,8 @@ class Watchdog:
         )
         if not runs or not _may_need_action(runs, now):
             return []
+        if str(max(runs, key=lambda r: r.created or now).id) in self.settled_cancels:
+            return []
         name, store = campaign_store(dict(deployment.parameters))
         done = []
         alive = flow_runs_alive_here()
@@ -302,6 +309,14 @@ class Watchdog:
             if any(r.state is not None and r.state.type in ACTIVE for r in runs):
                 return done
             newest = max(runs, key=lambda r: r.created or now)
+            if cancelled_by_a_person(newest, store, name):
+                # `unattended cancel`, the UI's Cancel, the API: never continued, and recorded.
+                if record_cancelled(
+                    store, name, flow_run_id=str(newest.id), actor=None, how="prefect"
+                ):
+                    done.append(f"recorded {name} as cancelled (run {newest.id})")
+                self.settled_cancels.add(str(newest.id))
+                return done
             why = continuation_reason(newest)
             status, code = _status(store, name)
             resumable = status in CONTINUABLE_STATUSES or (

@@ -1,0 +1,226 @@
+"""Record how a campaign ended when its run ended outside the engine: cancels, failures.
+
+**A failure the engine did not record** (the executor could not start, say) left the
+provenance saying ``running``; the flow records it (``record_failure``) as
+``failed`` with the error's stable code, so ``inspect`` tells the truth.
+
+**Cancel.**
+``unattended cancel NAME`` and Prefect's UI Cancel end the same way:
+
+* ``cancel`` first records a ``cancel_requested`` event per active run (so the
+  runner's watchdog never continues a run a person stopped, even when the run's
+  last state is the one a runner's shutdown leaves), then proposes *Cancelling*.
+  Prefect turns a scheduled or suspended run *Cancelled* at once (nothing runs);
+  for a running one the runner kills the flow-run process and sets *Cancelled*.
+* once no run is active, the campaign is recorded as stopped: status ``blocked``
+  with the code ``cancelled`` (the stopped round with it) and a ``cancelled``
+  event. ``inspect`` shows it as ``cancelled``.
+* a cancel from the UI (or ``prefect flow-run cancel``) records no request; the
+  watchdog sees the campaign's newest run *Cancelled* by something other than a
+  runner's shutdown or a fence, while the provenance still says running or
+  awaiting approval, and records the same ending (``record_cancelled``).
+
+A batch in flight when its run is cancelled is not finished: the tasks that ended
+keep their results, the batch stays ``launched`` and nothing relaunches it (a
+cancelled campaign is not continued). Submitting the campaign again continues it
+from its last completed round: the cancelled round runs again, its batch included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.states import Cancelled, Cancelling
+
+from flows._paths import state_dir_from
+from flows._provenance import ProvenanceStore
+from policies import NotFound, classify
+
+_log = logging.getLogger(__name__)
+
+CANCEL_REQUESTED = "cancel_requested"
+CANCELLED_EVENT = "cancelled"
+# The stable code of a campaign a person stopped (its status is ``blocked``).
+CANCELLED_CODE = "cancelled"
+# A run ended by another run's lease is Cancelled too: not a person's cancel.
+FENCED_PREFIX = "fenced out"
+# The message Prefect's runner puts on the runs it cancels when it stops.
+SHUTDOWN_MESSAGE = "Runner is shutting down."
+STILL_GOING = frozenset({"running", "awaiting_approval"})
+_ACTIVE = {
+    StateType.SCHEDULED,
+    StateType.PENDING,
+    StateType.RUNNING,
+    StateType.PAUSED,
+    StateType.CANCELLING,
+}
+
+
+@dataclass
+class CancelOutcome:
+    """What ``cancel_campaign`` did."""
+
+    name: str
+    runs: list[str] = field(default_factory=list)
+    forced: list[str] = field(default_factory=list)
+    recorded: bool = False
+    status: str | None = None
+    error_code: str | None = None
+
+
+def campaign_status(store: ProvenanceStore, name: str) -> tuple[str | None, str | None]:
+    """Return the campaign's recorded status and error code (None, None: unknown)."""
+    found = next((c for c in store.campaigns() if c["name"] == name), None)
+    return (found["status"], found["error_code"]) if found else (None, None)
+
+
+def cancel_was_requested(store: ProvenanceStore, name: str, flow_run_id: str) -> bool:
+    """Return whether ``unattended cancel`` asked to cancel this run."""
+    return any(
+        e.get("flow_run_id") == flow_run_id for e in store.events(name, kind=CANCEL_REQUESTED)
+    )
+
+
+def cancelled_by_a_person(flow_run: FlowRun, store: ProvenanceStore, name: str) -> bool:
+    """Return whether this ended run was cancelled by a person (``cancel``, the UI, the API).
+
+    A run Prefect's runner cancelled on its own shutdown, or one that ended itself
+    because another run holds the campaign, was not, unless ``cancel`` asked first.
+    """
+    state = flow_run.state
+    if state is None or state.type != StateType.CANCELLED:
+        return False
+    if cancel_was_requested(store, name, str(flow_run.id)):
+        return True
+    message = state.message or ""
+    return message != SHUTDOWN_MESSAGE and not message.startswith(FENCED_PREFIX)
+
+
+def record_cancelled(
+    store: ProvenanceStore,
+    name: str,
+    *,
+    flow_run_id: str | None,
+    actor: str | None,
+    how: str,
+) -> bool:
+    """Record the campaign as cancelled unless it already ended; return whether it was."""
+    status, _code = campaign_status(store, name)
+    if status not in STILL_GOING:
+        return False
+    rounds = store.load_checkpoint(name).rounds
+    open_round = next((i for i, s in sorted(rounds.items()) if s in STILL_GOING), None)
+    store.set_campaign_status(name, "blocked", CANCELLED_CODE, round_index=open_round)
+    store.record_event(
+        name,
+        CANCELLED_EVENT,
+        flow_run_id=flow_run_id,
+        actor=actor,
+        details={"how": how, "round": open_round, "was": status},
+    )
+    return True
+
+
+def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> bool:
+    """Record the campaign as failed with ``exc``'s stable code if it still says running.
+
+    Best effort: the run's own error is what the caller raises; a store that cannot
+    take the write (a full disk) is left as it is, and the watchdog retries the run.
+    """
+    code = classify(exc).code
+    try:
+        status, _code = campaign_status(store, name)
+        if status != "running":
+            return False
+        store.set_campaign_status(name, "failed", code)
+        store.record_event(name, "failed", details={"code": code, "where": "outside a round"})
+    except Exception:  # noqa: BLE001  # the run's own error is the one to report
+        _log.warning("could not record %s's failure (%s) in its provenance", name, code)
+        return False
+    return True
+
+
+async def _runs(client: Any, deployment_id: Any) -> list[FlowRun]:
+    runs: list[FlowRun] = await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id])
+        ),
+        sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+        limit=20,
+    )
+    return runs
+
+
+def _active(runs: list[FlowRun]) -> list[FlowRun]:
+    return [r for r in runs if r.state is not None and r.state.type in _ACTIVE]
+
+
+async def cancel_campaign(
+    name: str,
+    *,
+    actor: str,
+    wait_seconds: float,
+    runner_serves: bool,
+    say: Any = print,
+) -> CancelOutcome:
+    """Cancel campaign ``name``'s active runs and record the ending (see the module doc).
+
+    ``runner_serves`` says whether a runner serves this state directory: without
+    one, nobody stops a running run's process, so the run is set *Cancelled* at
+    once (by force) instead of waiting ``wait_seconds`` for the runner.
+
+    Raises:
+        NotFound: no campaign of that name was submitted from this state directory.
+    """
+    # The owner's registration, never a deployment's parameters, says where the campaign is.
+    from flows._engine._registration import read_registration
+    from flows._prefect._recovery import campaign_store
+
+    home = state_dir_from(None, os.environ)
+    registration = read_registration(home, name)
+    if registration is None:
+        raise NotFound(
+            f"no campaign named {name!r} was submitted from this state directory ({home})",
+            details={"campaign": name, "state_dir": str(home)},
+        )
+    deployment_id = UUID(registration.deployment_id)
+    outcome = CancelOutcome(name)
+    campaign, store = campaign_store(registration.parameters)
+    async with get_client() as client:
+        try:
+            active = _active(await _runs(client, deployment_id))
+            message = f"cancelled by {actor} with 'unattended cancel'"
+            for run in active:
+                store.record_event(campaign, CANCEL_REQUESTED, flow_run_id=str(run.id), actor=actor)
+                await client.set_flow_run_state(run.id, Cancelling(message=message))
+                outcome.runs.append(str(run.id))
+            if active:
+                say(f"asked Prefect to cancel {len(active)} run(s) of {campaign}")
+            deadline = time.monotonic() + (wait_seconds if runner_serves else 0.0)
+            while True:
+                still = _active(await _runs(client, deployment_id))
+                if not still or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.5)
+            for run in still:
+                # No runner (or none that answered in time) stops this run: end it here.
+                await client.set_flow_run_state(run.id, Cancelled(message=message), force=True)
+                outcome.forced.append(str(run.id))
+            flow_run_id = outcome.runs[0] if outcome.runs else None
+            outcome.recorded = record_cancelled(
+                store, campaign, flow_run_id=flow_run_id, actor=actor, how="unattended cancel"
+            )
+            outcome.status, outcome.error_code = campaign_status(store, campaign)
+        finally:
+            store.close()
+    return outcome

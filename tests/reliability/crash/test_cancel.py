@@ -1,0 +1,267 @@
+"""A person stops a campaign: ``unattended cancel NAME``, or Prefect's UI Cancel.
+
+Through the real command line against the session's Prefect server. Either way the
+run ends *Cancelled*, the provenance records the campaign as cancelled (status
+``blocked``, code ``cancelled``, a ``cancelled`` event), ``inspect`` shows
+``cancelled`` and the runner's watchdog never continues it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows._prefect._rest import request
+
+PROJECT = Path(__file__).resolve().parents[3]
+Campaign = Any  # conftest's Campaign (conftest is not importable)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
+
+WAIT = 150.0
+FAST = {
+    "UNATTENDED_LEASE_TTL_SECONDS": "6",
+    "UNATTENDED_HEARTBEAT_SECONDS": "1",
+    "UNATTENDED_WATCHDOG_SECONDS": "0.5",
+}
+SLOW_SIMULATION = """\
+import os, runpy, sys, time
+time.sleep(float(os.environ.get("SIM_SLEEP", "0")))
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+class LoginNode:
+    """The user's shell: the real CLI, with the campaign's state directory."""
+
+    def __init__(self, campaign: Campaign, **extra: str) -> None:
+        self.campaign = campaign
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
+        self.env |= {"UNATTENDED_HOME": str(campaign.home), **FAST, **extra}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flows._cli", *args],
+            cwd=PROJECT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    def runner_alive(self) -> bool:
+        lock = self.campaign.home / "runner.lock"
+        if not lock.exists():
+            return False
+        with lock.open() as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        return False
+
+    def runs(self) -> list[dict[str, Any]]:
+        body = {
+            "flow_runs": {"tags": {"all_": [f"campaign:{self.campaign.name}"]}},
+            "sort": "EXPECTED_START_TIME_DESC",
+        }
+        return list(request(os.environ, "POST", "flow_runs/filter", body))
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rows(database: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as c:
+            return [tuple(r) for r in c.execute(sql, args)]
+    except sqlite3.OperationalError:
+        return []
+
+
+def campaign_row(campaign: Campaign) -> tuple[Any, ...] | None:
+    found = rows(campaign.database, "SELECT status, error_code FROM campaign")
+    return found[0] if found else None
+
+
+def events(campaign: Campaign) -> list[str]:
+    return [k for (k,) in rows(campaign.database, "SELECT kind FROM campaign_event ORDER BY id")]
+
+
+def slow(campaign: Campaign, seconds: float) -> dict[str, str]:
+    """Make each simulation take ``seconds`` (a wrapper in front of the logging one)."""
+    wrapper = campaign.folder / "slow_simulation.py"
+    wrapper.write_text(SLOW_SIMULATION)
+    text = campaign.spec.read_text()
+    simulation = str(PROJECT / "tests" / "reliability" / "crash" / "simulation.py")
+    quoted = json.dumps(simulation)
+    campaign.spec.write_text(text.replace(quoted, f"{json.dumps(str(wrapper))}, {quoted}"))
+    return {"SIM_SLEEP": str(seconds)}
+
+
+@pytest.fixture
+def login(
+    prefect_server: Any, make_campaign: Callable[..., Campaign]
+) -> Iterator[Callable[..., LoginNode]]:
+    nodes: list[LoginNode] = []
+
+    def make(name: str, sleep: float, **options: str) -> LoginNode:
+        campaign = make_campaign(name, **options)
+        node = LoginNode(campaign, **slow(campaign, sleep))
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        if node.runner_alive():
+            node.cli("serve", "--stop")
+
+
+def _simulations_running(campaign: Campaign) -> list[int]:
+    """Return the pids of this campaign's simulations still running."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(str(campaign.folder) in part and "slow_simulation" in part for part in cmdline):
+            found.append(process.info["pid"])
+    return found
+
+
+def _start_mid_batch(node: LoginNode) -> str:
+    """Submit, serve, and return the run's id once round 0's batch is in flight."""
+    submitted = node.cli("submit", str(node.campaign.spec))
+    assert submitted.returncode == 0, submitted.stderr
+    served = node.cli("serve", "--detach", "--query-seconds", "0.5")
+    assert served.returncode == 0, served.stderr
+    wait_until(
+        lambda: rows(node.campaign.database, "SELECT 1 FROM batch WHERE round_index = 0"),
+        "round 0's batch to be launched",
+    )
+    (run,) = node.runs()
+    assert run["state"]["type"] == "RUNNING"
+    return str(run["id"])
+
+
+def _assert_cancelled_and_not_continued(node: LoginNode, run_id: str) -> None:
+    campaign = node.campaign
+    assert campaign_row(campaign) == ("blocked", "cancelled")
+    assert "cancelled" in events(campaign)
+    time.sleep(3)  # six watchdog periods: nothing continues a person's cancel
+    runs = node.runs()
+    assert [r["id"] for r in runs] == [run_id], [r["state"] for r in runs]
+    assert "continued" not in events(campaign)
+    shown = node.cli("inspect", campaign.name)
+    assert shown.returncode == 0, shown.stderr
+    assert f"Campaign {campaign.name}: cancelled" in shown.stdout
+    assert "running" not in shown.stdout.splitlines()[0]
+
+
+class TestCancelCommand:
+    def test_cancel_mid_batch_ends_the_run_and_records_the_campaign_cancelled(
+        self, login: Callable[..., LoginNode]
+    ) -> None:
+        node = login("cancel-cli", sleep=4.0)
+        run_id = _start_mid_batch(node)
+
+        cancelled = node.cli("cancel", node.campaign.name)
+
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert _simulations_running(node.campaign) == []
+        assert f"campaign {node.campaign.name} cancelled" in cancelled.stdout
+        assert "a batch in flight was not finished" in cancelled.stdout
+        assert node.runs()[0]["state"]["type"] == "CANCELLED"
+        assert events(node.campaign).count("cancel_requested") == 1
+        _assert_cancelled_and_not_continued(node, run_id)
+        status = node.cli("status", node.campaign.name)
+        assert status.returncode == 0, status.stderr
+        assert run_id in status.stdout
+        assert "Cancelled" in status.stdout
+
+    def test_a_cancelled_campaign_submitted_again_completes_rerunning_the_cancelled_round(
+        self, login: Callable[..., LoginNode]
+    ) -> None:
+        node = login("cancel-resubmit", sleep=4.0)
+        _start_mid_batch(node)
+        assert node.cli("cancel", node.campaign.name).returncode == 0
+        node.cli("serve", "--stop")
+
+        node.env["SIM_SLEEP"] = "0"
+        again = node.cli("submit", str(node.campaign.spec))
+        assert again.returncode == 0, again.stderr
+        node.cli("serve", "--detach", "--query-seconds", "0.5")
+
+        ended = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+        wait_until(lambda: node.runs()[0]["state"]["type"] in ended, "the new run to end")
+        assert node.runs()[0]["state"]["type"] == "COMPLETED"
+        assert campaign_row(node.campaign) == ("completed", None)
+        executions = node.campaign.executions()
+        assert executions[1] == executions[2] == 4
+        assert executions[0] >= 4  # the cancelled round's batch ran again in full
+
+    def test_cancel_of_an_unknown_campaign_is_one_clear_line(
+        self, login: Callable[..., LoginNode]
+    ) -> None:
+        node = login("cancel-unknown", sleep=0.0)
+        unknown = node.cli("cancel", "no-such-campaign")
+        assert unknown.returncode == 2
+        assert "no campaign named 'no-such-campaign'" in unknown.stderr
+        assert "Traceback" not in unknown.stderr
+
+    def test_cancel_while_awaiting_approval_ends_the_suspended_run_at_once(
+        self, login: Callable[..., LoginNode], ask_options: dict[str, str]
+    ) -> None:
+        node = login("cancel-suspended", sleep=0.0, **ask_options)
+        assert node.cli("submit", str(node.campaign.spec)).returncode == 0
+        assert node.cli("serve", "--detach", "--query-seconds", "0.5").returncode == 0
+        wait_until(lambda: node.runs()[0]["state"]["type"] == "PAUSED", "the approval request")
+        run_id = str(node.runs()[0]["id"])
+
+        cancelled = node.cli("cancel", node.campaign.name, "--wait", "0")
+
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert node.runs()[0]["state"]["type"] == "CANCELLED"
+        assert "by force" not in cancelled.stdout  # Prefect ends a suspended run itself
+        _assert_cancelled_and_not_continued(node, run_id)
+
+
+class TestCancelFromTheUI:
+    def test_the_ui_cancel_of_a_running_run_ends_the_same_way(
+        self, login: Callable[..., LoginNode]
+    ) -> None:
+        node = login("cancel-ui", sleep=4.0)
+        run_id = _start_mid_batch(node)
+
+        # What the UI's Cancel does: propose Cancelling through the API.
+        request(
+            os.environ,
+            "POST",
+            f"flow_runs/{run_id}/set_state",
+            {"state": {"type": "CANCELLING", "name": "Cancelling"}},
+        )
+
+        wait_until(lambda: node.runs()[0]["state"]["type"] == "CANCELLED", "the run cancelled")
+        wait_until(lambda: campaign_row(node.campaign) == ("blocked", "cancelled"), "the record")
+        assert "cancel_requested" not in events(node.campaign)
+        _assert_cancelled_and_not_continued(node, run_id)
