@@ -7,7 +7,8 @@ a failpoint once its first allocation is requested and its first round has begun
 would. Each run is a new process (``python -m flows._cli._direct``): before the
 budget was the campaign's, each started counting at zero and asked for another
 job every time. With ``max_allocations = 2`` the third run asks for nothing and
-stops ``blocked`` with ``budget_exceeded``.
+stops ``blocked`` with ``budget_exceeded``, and its ``blocked`` notice reaches the
+campaign's webhook (a receiver on 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +39,39 @@ EXAMPLES = ROOT / "examples" / "demo"
 NAME = "budget-crash"
 
 
-def _campaign(tmp_path: Path) -> Path:
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A webhook receiver on 127.0.0.1: its URL and the JSON bodies it was sent."""
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            received.append(json.loads(self.rfile.read(length)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hook", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _campaign(tmp_path: Path, webhook_url: str) -> Path:
     for item in EXAMPLES.iterdir():
         shutil.copy(item, tmp_path / item.name)
     spec = tmp_path / "campaign.toml"
     text = spec.read_text()
     assert 'name = "demo"' in text
-    spec.write_text(text.replace('name = "demo"', f'name = "{NAME}"'))
+    text = text.replace('name = "demo"', f'name = "{NAME}"')
+    spec.write_text(f'{text}\n[notify]\nwebhook_url = "{webhook_url}"\nevents = ["blocked"]\n')
     return spec
 
 
@@ -72,9 +102,10 @@ def _run(slurm: SlurmCluster, tmp_path: Path, spec: Path, site: Path, **extra: s
 
 
 def test_a_crashing_prologue_stops_at_max_allocations_counted_across_restarts(
-    slurm: SlurmCluster, tmp_path: Path
+    slurm: SlurmCluster, tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]]
 ) -> None:
-    spec, site = _campaign(tmp_path), _site(tmp_path)
+    url, notices = webhook
+    spec, site = _campaign(tmp_path, url), _site(tmp_path)
     for _ in range(2):
         crashed = _run(slurm, tmp_path, spec, site, UNATTENDED_FAILPOINTS="after_fallback_recorded")
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
@@ -93,3 +124,6 @@ def test_a_crashing_prologue_stops_at_max_allocations_counted_across_restarts(
     assert [request for request, _ in jobs] == [1, 2]  # numbered for the campaign
     assert len({job for _, job in jobs}) == 2  # two sbatch in all, none by the third run
     assert status == ("blocked", "budget_exceeded")
+    (notice,) = notices
+    assert f"campaign {NAME} was blocked" in notice["text"]
+    assert "(budget_exceeded)" in notice["text"]
