@@ -2,25 +2,42 @@
 
 Everything a submission needs is checked here, with no server and no Prefect:
 the spec and the files it names (transcript, policy), the policy's rules (a
-campaign with none must say so: ``allow_no_rules = true``), the site config, the
-simulation's program (found, a regular file, executable) and the round-0
-fallback batch. Every problem found is returned, each naming the file and the
-dotted field; :func:`require_valid` raises one error listing them all.
+campaign with none must say so: ``allow_no_rules = true``; a rule that asks for
+approval must name who may give it), the site config (no ``<PLACEHOLDER>`` left,
+its backend's package installed), the simulation's program (found, a regular
+file, executable) and the round-0 fallback batch. Every problem found is
+returned, each naming the file and the dotted field; :func:`require_valid` raises
+one error listing them all.
+
+Relative paths in a spec (the site, the policy, the transcript, the simulation's
+program) resolve against the spec's folder, whatever the current directory is: the
+runner that executes the campaign runs elsewhere. Messages show the path as
+written (``./sim.py``) and what it resolved to.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shutil
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from flows._engine._campaign_state import build_surrogate, derive_seed
 from flows._engine._simulation import simulation_argv
-from flows._paths import file_problem
+from flows._paths import absolute, file_problem
 from flows._spec import LoadedSpec, Problem, is_site_path, problems_error, read_campaign
-from policies import FallbackUnavailable, SiteInvalid, SpecInvalid, load_policy
+from policies import (
+    FallbackUnavailable,
+    Policy,
+    Severity,
+    SiteInvalid,
+    SpecInvalid,
+    load_policy,
+)
 from tasks import Bounds, SiteConfig, fallback_batch, load_site
 
 
@@ -56,9 +73,11 @@ def check_campaign(
     """
     environment = os.environ if env is None else env
     loaded, problems = read_campaign(spec_path)
-    source = str(Path(spec_path).expanduser().resolve())
+    source = str(absolute(Path(spec_path)))
     site_problems: list[Problem] = []
     site_config, location = _site(loaded, source, site, environment, site_problems)
+    if site_config is not None:
+        _runnable_site(site_config, location, site_problems)
     rules = 0
     if loaded is not None:
         rules = _rules(loaded, problems)
@@ -94,7 +113,7 @@ def _site(
     """Load the site the campaign runs on (``--site``, else the spec's ``site``)."""
     if option is not None:
         where, field = "--site", None
-        location = str(Path(option).expanduser().resolve()) if is_site_path(option) else option
+        location = str(absolute(Path(option))) if is_site_path(option) else option
     elif loaded is not None:
         where, field = source, "site"
         location = loaded.site_location()
@@ -129,9 +148,12 @@ def _rules(loaded: LoadedSpec, problems: list[Problem]) -> int:
     if policy_file is not None and file_problem(policy_file) is not None:
         return 0  # reported already (read_campaign), and /dev/zero must not be read
     try:
-        count = len(load_policy(policy_file).rules) if policy_file else 0
+        policy = load_policy(policy_file) if policy_file else None
     except SpecInvalid:
         return 0  # the broken policy file is reported already (read_campaign)
+    count = len(policy.rules) if policy is not None else 0
+    if policy is not None and policy_file is not None:
+        _answerable(policy, policy_file, problems)
     if count == 0 and not spec.allow_no_rules:
         what = f"{policy_file} has no rules" if policy_file else "no policy file is given"
         problems.append(
@@ -145,21 +167,133 @@ def _rules(loaded: LoadedSpec, problems: list[Problem]) -> int:
     return count
 
 
+def _answerable(policy: Policy, policy_file: Path, problems: list[Problem]) -> None:
+    """Refuse a rule that would ask for approval with nobody allowed to give it.
+
+    The policy asks only a rule's own ``approvers``: a rule without any retries the
+    round instead of asking, until the policy's retries run out and the campaign
+    stops blocked. (The spec's ``[approvals] approvers`` are not consulted for it.)
+    """
+    escalates_to_ask = policy.escalate_to is Severity.ASK
+    for rule in policy.rules:
+        if rule.approvers or rule.log_only or policy.log_only:
+            continue
+        if rule.severity is Severity.ASK:
+            how = "asks for approval"
+        elif rule.severity is Severity.SOFT_BLOCK and escalates_to_ask:
+            how = 'escalates to an approval (escalate_to = "ASK")'
+        else:
+            continue
+        problems.append(
+            Problem.at(
+                str(policy_file),
+                f"rules.{rule.name}.approvers",
+                f"rule {rule.name!r} {how} but names no approvers, so nobody may answer: "
+                "the round would be retried until the policy's retries run out and the "
+                'campaign stop blocked; add approvers = ["NAME", ...] to the rule',
+            )
+        )
+
+
+# What a site's backend imports, and how to install it.
+_BACKEND_PACKAGES: dict[str, tuple[str, str]] = {
+    "jobqueue": ("dask_jobqueue", "pip install 'unattended[jobqueue]'"),
+    "radical_pilot": ("radical.pilot", "pip install 'unattended[radical-pilot]'"),
+    "postgres": ("psycopg", "pip install 'unattended[postgres]'"),
+}
+
+
+# `<YOUR_ALLOCATION>`, `source <YOUR_VENV>/bin/activate`, `...@<DB_HOST>/...`.
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*>")
+
+
+def _placeholders(site: SiteConfig) -> list[tuple[str, str]]:
+    """Return (dotted field as written in the file, placeholder) for each one left unfilled."""
+    if site.source is None:
+        return [(field, "<...>") for field in site.placeholders()]
+    try:
+        raw = tomllib.loads(Path(site.source).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []  # it loaded a moment ago; a file that changed since is the next run's news
+    found: list[tuple[str, str]] = []
+
+    def walk(value: object, path: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{path}.{index}")
+        elif isinstance(value, str):
+            match = _PLACEHOLDER.search(value)
+            if match:
+                found.append((path, match.group()))
+
+    walk(raw, "")
+    return found
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent missing, or an import blocked with None
+        return False
+
+
+def _runnable_site(
+    site: SiteConfig,
+    location: str | None,
+    problems: list[Problem],
+    installed: Callable[[str], bool] = _installed,
+) -> None:
+    """Refuse a site with ``<PLACEHOLDER>`` values left, or whose backend is not installed."""
+    file = site.source or location or site.name
+    for field, placeholder in _placeholders(site):
+        problems.append(
+            Problem.at(file, field, f"still holds the placeholder {placeholder}: fill it in")
+        )
+    needed = []
+    backend = site.backend
+    if getattr(backend, "kind", None) == "dask" and getattr(backend, "jobqueue", None):
+        needed.append(("backend.jobqueue", "jobqueue"))
+    if getattr(backend, "kind", None) == "radical_pilot":
+        needed.append(("backend.kind", "radical_pilot"))
+    url = site.provenance_url.get_secret_value() if site.provenance_url is not None else ""
+    if url.startswith("postgresql+psycopg"):
+        needed.append(("provenance_url", "postgres"))
+    for field, key in needed:
+        module, install = _BACKEND_PACKAGES[key]
+        if not installed(module):
+            problems.append(
+                Problem.at(
+                    file,
+                    field,
+                    f"needs the Python package {module!r}, which is not installed here: {install}",
+                )
+            )
+
+
 def _simulation(loaded: LoadedSpec, env: Mapping[str, str], problems: list[Problem]) -> None:
-    """Check that the simulation's program exists and is executable, as the login node sees it."""
+    """Check that the simulation's program exists and is executable, as the runner will see it.
+
+    A program given as a relative path (``./sim.py``) resolves against the spec's folder.
+    """
     program = simulation_argv(loaded)[0]
+    written = loaded.spec.objective.simulation
+    as_written = written[0] if isinstance(written, list | tuple) and written else program
     source, field = str(loaded.path), "objective.simulation"
     if "/" not in program:
         found = shutil.which(program, path=env.get("PATH", os.defpath))
         if found is None:
             problems.append(Problem.at(source, field, f"program {program!r} not found on PATH"))
         return
-    path = Path(program).expanduser()
+    path = Path(program)
+    shown = str(path) if as_written == program else f"{as_written} (that is, {path})"
     why = file_problem(path)
     if why is not None:
-        problems.append(Problem.at(source, field, f"{path}: {why}"))
+        problems.append(Problem.at(source, field, f"{shown}: {why}"))
     elif not os.access(path, os.X_OK):
-        problems.append(Problem.at(source, field, f"{path}: is not executable"))
+        problems.append(Problem.at(source, field, f"{shown}: is not executable"))
 
 
 def _fallback(loaded: LoadedSpec, problems: list[Problem]) -> None:

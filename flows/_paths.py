@@ -10,6 +10,7 @@ under :data:`PRIVATE_UMASK`.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Mapping
@@ -87,23 +88,42 @@ def write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def file_problem(path: Path) -> str | None:
-    """Return why ``path`` is not a regular file ("no such file", ...), or None if it is one.
+def file_problem(path: Path, *, max_bytes: int | None = None) -> str | None:
+    """Return why ``path`` is not a readable regular file ("no such file", ...), or None.
 
     Checked before reading, so a directory or a device (``/dev/zero`` would be read
-    forever) is named for what it is.
+    forever), a symlink loop, a file this user may not read, or one over
+    ``max_bytes`` is named for what it is.
     """
     try:
-        mode = path.stat().st_mode
+        status = path.stat()
     except (FileNotFoundError, NotADirectoryError):
         return "no such file"
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if exc.errno == errno.EACCES:
+            return "cannot be read (permission denied)"
         return f"cannot read the file ({type(exc).__name__})"
-    if stat.S_ISDIR(mode):
+    if stat.S_ISDIR(status.st_mode):
         return "is a directory, not a file"
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(status.st_mode):
         return "is not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    if max_bytes is not None and status.st_size > max_bytes:
+        return f"is too large ({status.st_size} bytes; at most {max_bytes} are read)"
     return None
+
+
+def absolute(path: Path) -> Path:
+    """Return ``path`` made absolute with symlinks resolved, never raising on a loop.
+
+    ``Path.resolve`` raises RuntimeError on a symlink loop (Python 3.11);
+    ``os.path.realpath`` returns the path, whose ``stat`` then says ELOOP
+    (:func:`file_problem`: "is a symlink loop").
+    """
+    return Path(os.path.realpath(path.expanduser()))
 
 
 def approvers_dir(state_dir: Path) -> Path:

@@ -25,11 +25,13 @@ from pydantic import (
     model_validator,
 )
 
-from flows._paths import file_problem
+from flows._paths import absolute, file_problem
 from policies import SpecInvalid, UnattendedError
 from tasks import NotifyConfig
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+# A campaign spec is a page of TOML; anything bigger is a wrong path, never read whole.
+MAX_SPEC_BYTES = 1024 * 1024
 
 
 def _not_a_bool(value: Any) -> Any:
@@ -233,7 +235,7 @@ class LoadedSpec(BaseModel):
     def resolve(self, relative: str) -> Path:
         """Return ``relative`` resolved against the spec's folder."""
         candidate = Path(relative).expanduser()
-        return candidate if candidate.is_absolute() else (self.directory / candidate).resolve()
+        return candidate if candidate.is_absolute() else absolute(self.directory / candidate)
 
     def site_location(self) -> str:
         """Return the spec's site: a name as written, a path resolved against the spec's folder."""
@@ -345,9 +347,9 @@ def read_campaign(
     The spec is returned when its own fields validate, even if a file it names is
     wrong, so a caller can go on checking the rest.
     """
-    file = Path(path).expanduser().resolve()
+    file = absolute(Path(path))
     source = str(file)
-    why = file_problem(file)
+    why = file_problem(file, max_bytes=MAX_SPEC_BYTES)
     if why is not None:
         return None, [Problem.at(source, None, why)]
     try:
@@ -377,7 +379,7 @@ def read_campaign(
 
 def _named(spec_file: Path, relative: str) -> Path:
     candidate = Path(relative).expanduser()
-    return candidate if candidate.is_absolute() else (spec_file.parent / candidate).resolve()
+    return candidate if candidate.is_absolute() else absolute(spec_file.parent / candidate)
 
 
 def _transcript_problems(spec_file: Path, relative: str) -> list[Problem]:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from flows._engine._candidates import CANDIDATE_PREDICTION
@@ -55,7 +57,13 @@ def simulation_argv(loaded: LoadedSpec, *, fidelity: str = "high") -> list[str]:
         if objective.simulation_cost and fidelity == "high":
             argv += ["--cost", str(objective.simulation_cost)]
         return argv
-    return list(objective.simulation)
+    argv = list(objective.simulation)
+    if argv and "/" in argv[0]:
+        # ./sim.py is the spec's folder's, wherever the runner runs; symlinks are kept
+        # (a venv's python is one).
+        program = Path(argv[0]).expanduser()
+        argv[0] = os.path.normpath(program if program.is_absolute() else loaded.directory / program)
+    return argv
 
 
 def build_run_batch(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -122,3 +123,117 @@ class TestCheckCommand:
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
         )
         assert result.returncode == 0, result.stderr
+
+
+ASK_RULE = """
+[[rules]]
+name = "review"
+description = "A human reviews round 1."
+severity = "ASK"
+when = "round.index == 1"
+"""
+
+
+class TestCheckRefusesWhatCannotRun:
+    def test_an_ask_rule_nobody_may_answer_is_refused_naming_the_rule(
+        self, demo: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        policy = demo / "policy.toml"
+        policy.write_text(policy.read_text() + ASK_RULE)
+
+        assert main(["check", str(demo / "campaign.toml")]) == 2
+
+        err = capsys.readouterr().err
+        assert f"error: {policy}: field 'rules.review.approvers': rule 'review' asks" in err
+        assert "names no approvers, so nobody may answer" in err
+
+    def test_an_ask_rule_with_approvers_passes(self, demo: Path) -> None:
+        policy = demo / "policy.toml"
+        policy.write_text(policy.read_text() + ASK_RULE + 'approvers = ["alice"]\n')
+        report = check_campaign(demo / "campaign.toml", env={})
+        assert report.checked is not None, report.problems
+
+    def test_a_site_with_placeholders_left_is_refused_naming_each_field(self, demo: Path) -> None:
+        site = ROOT / "site-configs" / "slurm.toml"
+        report = check_campaign(demo / "campaign.toml", str(site), env={})
+        assert report.site_only
+        fields = [p.field for p in report.problems]
+        assert fields == ["scheduler.account", "scheduler.partition", "scheduler.prologue.1"]
+        assert all(p.file == str(site) for p in report.problems)
+        assert "still holds the placeholder <YOUR_ALLOCATION>" in report.problems[0].text
+
+    def test_a_site_whose_backend_package_is_missing_names_the_install_command(
+        self, demo: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setitem(sys.modules, "dask_jobqueue", None)  # as if not installed
+        site = ROOT / "site-configs" / "slurm-local.toml"
+        report = check_campaign(demo / "campaign.toml", str(site), env={})
+        assert [p.field for p in report.problems] == ["backend.jobqueue"]
+        assert "pip install 'unattended[jobqueue]'" in report.problems[0].text
+
+    def test_a_relative_simulation_resolves_against_the_spec_folder_from_anywhere(
+        self, demo: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from flows._engine._simulation import simulation_argv
+        from flows._spec import load_campaign
+
+        program = demo / "sim.sh"
+        program.write_text("#!/bin/sh\n")
+        program.chmod(0o755)
+        spec = edit(demo / "campaign.toml", 'simulation = "demo"', 'simulation = ["./sim.sh"]')
+        monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+
+        report = check_campaign(spec, env={})
+
+        assert report.checked is not None, report.problems
+        assert simulation_argv(load_campaign(spec))[0] == str(program)  # what the runner runs
+
+    def test_a_missing_relative_simulation_is_named_as_written_and_as_resolved(
+        self, demo: Path
+    ) -> None:
+        spec = edit(demo / "campaign.toml", 'simulation = "demo"', 'simulation = ["./nosim.sh"]')
+        report = check_campaign(spec, env={})
+        assert [p.text for p in report.problems] == [
+            f"{spec}: field 'objective.simulation': ./nosim.sh (that is, {demo / 'nosim.sh'}): "
+            "no such file"
+        ]
+
+
+class TestOddSpecPaths:
+    """Every odd path is one line naming the file, exit 2, never a traceback."""
+
+    def _check(self, path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+        assert main(["check", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return err.splitlines()[0]
+
+    def test_a_symlink_loop(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        (tmp_path / "a.toml").symlink_to(tmp_path / "b.toml")
+        (tmp_path / "b.toml").symlink_to(tmp_path / "a.toml")
+        line = self._check(tmp_path / "a.toml", capsys)
+        assert line == f"error: {tmp_path / 'a.toml'}: is a symlink loop"
+
+    def test_an_oversized_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        spec = tmp_path / "huge.toml"
+        spec.write_bytes(b"#" * (2 * 1024 * 1024))
+        line = self._check(spec, capsys)
+        assert line.startswith(f"error: {spec}: is too large (2097152 bytes")
+
+    def test_a_directory(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        assert self._check(tmp_path, capsys) == f"error: {tmp_path}: is a directory, not a file"
+
+    @pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+    def test_an_unreadable_file(self, demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        spec = demo / "campaign.toml"
+        spec.chmod(0)
+        line = self._check(spec, capsys)
+        assert line == f"error: {spec}: cannot be read (permission denied)"
+
+    def test_a_policy_that_is_a_symlink_loop(
+        self, demo: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        (demo / "policy.toml").unlink()
+        (demo / "policy.toml").symlink_to(demo / "policy.toml")
+        line = self._check(demo / "campaign.toml", capsys)
+        assert line.endswith(f"field 'policy': {demo / 'policy.toml'}: is a symlink loop")
