@@ -56,6 +56,34 @@ SETTING_FOR: Mapping[str, str] = {
     "auth": "server_auth",
 }
 
+# Prefect server services this project never needs, turned off in the server's
+# environment. Each is a loop of its own against Prefect's database; on SQLite every
+# transaction that also writes is one more chance for a 503 "database is locked" on
+# a UI Resume, and on 2 cores every loop takes CPU from the API. Kept on: late runs
+# (the UI shows a run nobody takes as Late), cancellation cleanup (a run stuck in
+# Cancelling ends Cancelled; a cancelled run's task runs end), the foreman
+# (deployments read Not Ready when no runner polls), the repossessor (expired
+# deployment-concurrency leases: ONE_RUN_AT_A_TIME), the task-run recorder (the
+# UI's view of a round's steps) and the event persister (the UI's event feed).
+# A variable set in the environment of ``unattended server start`` wins.
+UNUSED_SERVICES: Mapping[str, str] = {
+    "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": (
+        "runs from deployment schedules: campaign deployments have none; runs are "
+        "created by submit and the runner's watchdog"
+    ),
+    "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": (
+        "fails runs paused past a Prefect timeout: suspends pass none (approval "
+        "deadlines are the runner's, recorded with the request)"
+    ),
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": (
+        "automations and their actions: the project creates none; its notices and "
+        "orphan detection are its own"
+    ),
+    "PREFECT_SERVER_SERVICES_CLEANUP_RECONCILER_ENABLED": (
+        "workers' cleanup leases: no workers or work pools, a runner serves the runs"
+    ),
+}
+
 # The user half of the basic-auth string; the secret half is generated.
 AUTH_USER = "unattended"
 
@@ -291,6 +319,8 @@ def server_env(
             "DO_NOT_TRACK": "1",
         }
     )
+    for variable in UNUSED_SERVICES:
+        env[variable] = base_env.get(variable, "false")
     if auth is not None:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth
         # With this set, /ui-settings says auth "BASIC" and the UI asks for the secret.
