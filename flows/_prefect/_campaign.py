@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
@@ -22,12 +23,14 @@ from prefect.states import Cancelled, Completed, Failed
 from flows._engine._approval import ApprovalRequest, describe
 from flows._engine._direct import code_version, open_store, run_campaign
 from flows._engine._inputs import open_campaign
+from flows._engine._registration import Registration, judge_run
 from flows._engine._round import CampaignResult, Hooks
 from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._prefect._approval_form import Approval, approval_form
 from flows._prefect._connect import ui_url
 from flows._prefect._endings import record_failure
 from flows._prefect._logging import install_log_filters
+from flows._prefect._peer import guard_prefect_clients
 from flows._prefect._server import flow_run_ui_url
 from flows._provenance import CampaignFenced, SpecChanged
 from flows._spec import load_campaign
@@ -48,8 +51,10 @@ __all__ = [
 
 FLOW_NAME = "unattended-campaign"
 
-# The flow-run process imports this module to find the flow: its log filters go in first.
+# The flow-run process imports this module to find the flow: its log filters go in first,
+# and its Prefect clients send the secret only to the server this state directory started.
 install_log_filters()
+guard_prefect_clients()
 
 
 async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -89,7 +94,10 @@ def _event_logger() -> Callable[[str, Any], None]:
 
 @flow(name=FLOW_NAME, persist_result=False, log_prints=False, validate_parameters=True)
 async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | None = None) -> Any:
-    """Run (or continue) one campaign from its spec file."""
+    """Run (or continue) one campaign, as its owner registered it (never as the run says)."""
+    refused = _refusal()
+    if refused is not None:
+        return refused
     try:
         return await _campaign(spec_path, site, state_dir)
     except Exception as exc:
@@ -98,6 +106,55 @@ async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | No
             raise
         # A full disk or a read-only directory: the runner's watchdog continues it later.
         return Failed(message=f"campaign failed ({error.code}): {error.message}")
+
+
+def _refusal() -> State[Any] | None:
+    """Refuse a run that is not exactly what the owner of this state directory submitted.
+
+    The run's parameters come from the server, where anyone holding the secret can
+    write them; the state directory comes from this process (the runner's). Nothing
+    the run names is loaded before this check: a refusal is recorded in the
+    registered campaign's provenance (its own, trusted spec and site) and ends the
+    run Failed with ``run_refused``.
+    """
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context else None
+    home = state_dir_from(None, os.environ)
+    registration, refusal = judge_run(
+        home,
+        flow_run.deployment_id if flow_run else None,
+        dict(flow_run.parameters) if flow_run else {},
+    )
+    if refusal is None:
+        return None
+    get_run_logger().error("run refused (%s): %s", refusal.code, refusal.message)
+    if registration is not None:
+        _record_refusal(registration, str(flow_run.id) if flow_run else None, refusal.fields)
+    return Failed(message=f"campaign refused ({refusal.code}): {refusal.message}")
+
+
+def _record_refusal(
+    registration: Registration, flow_run_id: str | None, fields: tuple[str, ...]
+) -> None:
+    """Record a refused run in the registered campaign's provenance (best effort)."""
+    try:
+        loaded = load_campaign(registration.spec_path)
+        site_config = load_site(registration.site, env=os.environ)
+        store = open_store(site_config, loaded, Path(registration.state_dir))
+    except Exception:  # noqa: BLE001  # the refusal stands; the log above says why
+        get_run_logger().warning(
+            "could not record the refusal in %s's provenance", registration.campaign
+        )
+        return
+    try:
+        store.record_event(
+            registration.campaign,
+            "run_refused",
+            flow_run_id=flow_run_id,
+            details={"fields": list(fields), "deployment_id": registration.deployment_id},
+        )
+    finally:
+        store.close()
 
 
 async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:

@@ -42,7 +42,7 @@ import psutil
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
-    DeploymentFilterTags,
+    DeploymentFilterId,
     FlowRunFilter,
     FlowRunFilterDeploymentId,
 )
@@ -53,6 +53,7 @@ from prefect.states import Crashed
 from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
 from flows._engine._notify import Notifier
+from flows._engine._registration import Registration, registration_for, registrations
 from flows._paths import campaign_dir, state_dir_from
 from flows._prefect._endings import cancelled_by_a_person, record_cancelled
 from flows._provenance import LeaseRow, ProvenanceStore
@@ -224,12 +225,21 @@ def continuations(store: ProvenanceStore, name: str) -> Continuations:
 
 
 def campaign_store(flow_run_or_params: FlowRun | dict[str, Any]) -> tuple[str, ProvenanceStore]:
-    """Open the provenance store of a campaign run from its parameters."""
-    params = (
-        flow_run_or_params.parameters
-        if isinstance(flow_run_or_params, FlowRun)
-        else flow_run_or_params
-    )
+    """Open the provenance store of a campaign run (by its registration) or of parameters.
+
+    A flow run is looked up by its deployment among this state directory's
+    registrations, never by the parameters it carries (``KeyError`` when it is not
+    one of ours); parameters are taken as given (the caller read them from one).
+    """
+    if isinstance(flow_run_or_params, FlowRun):
+        registration = registration_for(
+            state_dir_from(None, os.environ), flow_run_or_params.deployment_id
+        )
+        if registration is None:
+            raise KeyError(str(flow_run_or_params.deployment_id))
+        params = registration.parameters
+    else:
+        params = flow_run_or_params
     loaded = load_campaign(params["spec_path"])
     site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
     home = state_dir_from(params.get("state_dir"), os.environ)
@@ -253,25 +263,36 @@ class Watchdog:
     unrecorded: dict[str, Continuations] = field(default_factory=dict)
     # Cancelled runs whose ending is recorded already (not read again every sweep).
     settled_cancels: set[str] = field(default_factory=set)
+    # Runs of another's making whose refusal is recorded already.
+    refused_runs: set[str] = field(default_factory=set)
 
     async def sweep(self, *, now: datetime | None = None) -> list[str]:
         """Crash orphans and continue interrupted campaigns; return what was done."""
         moment = now or datetime.now(UTC)
         done: list[str] = []
+        # Only what the owner registered in this state directory, with the registered
+        # parameters: a deployment on the server (anyone holding the secret can make or
+        # change one) is never the authority on what to run (flows._engine._registration).
+        registered = {r.deployment_id: r for r in registrations(self.home)}
+        if not registered:
+            return done
         async with get_client() as client:
             deployments = await client.read_deployments(
-                deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=["unattended"]))
+                deployment_filter=DeploymentFilter(
+                    id=DeploymentFilterId(any_=[UUID(key) for key in registered])
+                )
             )
             for deployment in deployments:
-                if not self.mine(dict(deployment.parameters)):
-                    continue
+                registration = registered[str(deployment.id)]
                 try:
-                    done += await self._sweep_one(client, deployment, moment)
+                    done += await self._sweep_one(client, deployment, registration, moment)
                 except UnattendedError as exc:  # a spec that no longer loads: a human's call
                     _log.warning("watchdog: %s: %s", deployment.name, exc.code)
         return done
 
-    async def _sweep_one(self, client: Any, deployment: Any, now: datetime) -> list[str]:
+    async def _sweep_one(
+        self, client: Any, deployment: Any, registration: Registration, now: datetime
+    ) -> list[str]:
         runs: list[FlowRun] = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])
@@ -279,11 +300,12 @@ class Watchdog:
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=20,
         )
+        refused = await self._refuse_foreign_endings(registration, runs)
         if not runs or not _may_need_action(runs, now):
-            return []
+            return refused
         if str(max(runs, key=lambda r: r.created or now).id) in self.settled_cancels:
             return []
-        name, store = campaign_store(dict(deployment.parameters))
+        name, store = campaign_store(registration.parameters)
         done = []
         alive = flow_runs_alive_here()
         try:
@@ -308,7 +330,13 @@ class Watchdog:
                 )
             if any(r.state is not None and r.state.type in ACTIVE for r in runs):
                 return done
+            # Runs made with other parameters (by anyone holding the secret) are refused,
+            # never continued, and never hide the owner's own run from recovery.
+            runs = [r for r in runs if dict(r.parameters) == registration.parameters]
+            if not runs:
+                return done
             newest = max(runs, key=lambda r: r.created or now)
+            done += refused
             if cancelled_by_a_person(newest, store, name):
                 # `unattended cancel`, the UI's Cancel, the API: never continued, and recorded.
                 if record_cancelled(
@@ -326,8 +354,7 @@ class Watchdog:
                 return done
             tally = self._counted_so_far(store, name) if counted(newest) else None
             if tally is not None and tally.exhausted:
-                params = dict(deployment.parameters)
-                done.append(stop_exhausted(store, params, name, newest, tally))
+                done.append(stop_exhausted(store, registration.parameters, name, newest, tally))
                 return done
             not_before = tally.not_before(self.settings) if tally is not None else None
             if not_before is not None and now < not_before:
@@ -335,7 +362,10 @@ class Watchdog:
             from prefect.deployments import run_deployment
 
             started: FlowRun = await run_deployment(  # type: ignore[misc]
-                deployment.id, timeout=0, tags=list(deployment.tags or [])
+                deployment.id,
+                timeout=0,
+                parameters=registration.parameters,
+                tags=list(deployment.tags or []),
             )
             try:
                 store.record_event(
@@ -360,11 +390,55 @@ class Watchdog:
             store.close()
         return done
 
-    def mine(self, params: dict[str, Any]) -> bool:
-        """A runner recovers the campaigns of its own state directory only."""
-        if self.state_dir is None:
-            return True
-        return state_dir_from(params.get("state_dir"), os.environ) == self.state_dir
+    async def _refuse_foreign_endings(
+        self, registration: Registration, runs: list[FlowRun]
+    ) -> list[str]:
+        """Record, once each, crashed runs whose parameters are not the registration's.
+
+        The flow refuses such a run itself (``run_refused``); a run with parameters the
+        flow does not even take fails in Prefect's argument binding before the flow
+        can, and ends Crashed: it is recorded here the same way, and never continued.
+        """
+        expected = registration.parameters
+        foreign = [
+            r
+            for r in runs
+            if r.state is not None
+            and r.state.type == StateType.CRASHED
+            and dict(r.parameters) != expected
+            and str(r.id) not in self.refused_runs
+        ]
+        if not foreign:
+            return []
+        name, store = campaign_store(expected)
+        done = []
+        try:
+            known = {e["flow_run_id"] for e in store.events(name, "run_refused")}
+            for run in foreign:
+                self.refused_runs.add(str(run.id))
+                if str(run.id) in known:
+                    continue
+                params = dict(run.parameters)
+                fields = sorted(
+                    k for k in set(params) | set(expected) if params.get(k) != expected.get(k)
+                )
+                store.record_event(
+                    name,
+                    "run_refused",
+                    flow_run_id=str(run.id),
+                    details={"fields": fields, "deployment_id": registration.deployment_id},
+                )
+                done.append(
+                    f"refused {run.id}: its parameters ({', '.join(fields)}) are not {name}'s"
+                )
+        finally:
+            store.close()
+        return done
+
+    @property
+    def home(self) -> Path:
+        """Return the state directory whose registered campaigns this watchdog recovers."""
+        return self.state_dir or state_dir_from(None, os.environ)
 
     def _counted_so_far(self, store: ProvenanceStore, name: str) -> Continuations:
         """Return the recorded continuations, or more: this runner's unrecorded ones, if any."""
