@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, MutableMapping
 
 from flows._prefect._server import (
+    SERVER_PID_FILE,
     ServerConfig,
     ServerError,
     client_env,
@@ -70,6 +71,7 @@ def connect(
     else:
         # A server without auth: a secret left over from an earlier server must not linger.
         environment.pop("PREFECT_API_AUTH_STRING", None)
+        environment.pop(SERVER_PID_FILE, None)
     environment.update(variables)
     _refresh_prefect_settings()
     return handle.api_url

@@ -29,6 +29,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 from uuid import UUID
 
+from flows._prefect._peer import check_peer
 from flows._prefect._server import ServerError
 from policies import NotFound, UnattendedError
 
@@ -136,6 +137,7 @@ class Api:
         if not url:
             raise ServerError("PREFECT_API_URL is not set", details={"variable": "PREFECT_API_URL"})
         self.url = url.rstrip("/")
+        self._env = env
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ServerError(
@@ -167,6 +169,9 @@ class Api:
         """
         payload = None if body is None else json.dumps(body).encode()
         for attempt in range(RETRIES + 1):
+            # Before every attempt: the server may have died since the last one, and the
+            # secret must not reach whoever took its port (PeerRefusedError says what to do).
+            check_peer(self.url, self._env)
             try:
                 self._connection.request(
                     method, f"{self._prefix}/{path}", body=payload, headers=self._headers

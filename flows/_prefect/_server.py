@@ -86,6 +86,8 @@ UNUSED_SERVICES: Mapping[str, str] = {
 
 # The user half of the basic-auth string; the secret half is generated.
 AUTH_USER = "unattended"
+# Tells a client which server it may send the secret to (flows._prefect._peer).
+SERVER_PID_FILE = "UNATTENDED_SERVER_PID_FILE"
 
 _SQLITE_SCHEME = "sqlite+aiosqlite://"
 _POSTGRES_SCHEME = "postgresql+asyncpg://"
@@ -347,6 +349,8 @@ def client_env(handle: ServerHandle) -> dict[str, str]:
     }
     if handle.auth_string is not None:
         env["PREFECT_API_AUTH_STRING"] = handle.auth_string
+        # The secret goes only to the process this file names (flows._prefect._peer).
+        env[SERVER_PID_FILE] = str(handle.prefect_home / "server.pid")
     return env
 
 

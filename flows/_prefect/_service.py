@@ -54,6 +54,7 @@ from flows._engine._registration import (
 from flows._paths import HOME_VARIABLE, campaign_dir, private_dir, state_dir_from
 from flows._prefect import _rest as rest
 from flows._prefect._campaign import campaign_flow
+from flows._prefect._peer import guard_prefect_clients
 from flows._prefect._pending import PendingApproval, describe_pending
 from flows._prefect._recovery import Watchdog
 from flows._prefect._runner import (
@@ -69,6 +70,10 @@ from flows._prefect._submissions import Submitted, take_submissions, validate_su
 from policies import NotFound, UnattendedError
 from tasks import load_site
 
+# Every Prefect client of this process (the runner's, the submission's) sends the secret
+# only to the server this state directory started.
+guard_prefect_clients()
+
 TAG = "unattended"
 ACTIVE_STATES = [
     StateType.SCHEDULED,
@@ -79,6 +84,8 @@ ACTIVE_STATES = [
 ]
 
 _log = logging.getLogger(__name__)
+# Longest pause between two looks for a server that went away.
+_SERVER_WAIT_MAX_SECONDS = 2.0
 # Prefect's own half of "one live run per campaign": a second run of the deployment
 # waits for the first to leave Running. It does not stop a run created by hand
 # against a copied spec, nor a run while the first is suspended: the lease and the
@@ -194,9 +201,9 @@ class CampaignService:
         name: str | None = None,
         state_dir: Path | None = None,
     ) -> None:
-        self.runner: Runner = make_runner(
-            name=name or "unattended-login-node", query_seconds=query_seconds
-        )
+        self._runner_name = name or "unattended-login-node"
+        self._query_seconds = query_seconds
+        self.runner: Runner = make_runner(name=self._runner_name, query_seconds=query_seconds)
         settings = RecoverySettings.from_env(os.environ)
         self.watch_seconds = settings.watchdog_seconds if watch_seconds is None else watch_seconds
         # Where `unattended submit` leaves requests for this runner (flows._prefect._submissions).
@@ -268,6 +275,48 @@ class CampaignService:
         # the first server call: a nudge that came earlier was ignored (SIG_IGN).
         nudges = Nudges()
         self._own_environment()
+        try:
+            while True:
+                try:
+                    await self._serve_with(nudges, on_listening)
+                    return
+                except Exception as exc:
+                    # Prefect's runner gives up after a few failed polls in a row. A server
+                    # that died (or a port that another process took: flows._prefect._peer)
+                    # is waited for, and served again once it is back; anything else is an
+                    # error of its own.
+                    if await self._server_answers():
+                        raise
+                    _log.warning(
+                        "runner: the Prefect server is gone (%s); waiting for it to come back",
+                        type(exc).__name__,
+                    )
+                    await self._wait_for_server()
+                    _log.warning("runner: the Prefect server is back; serving again")
+                    self.runner = make_runner(
+                        name=self._runner_name, query_seconds=self._query_seconds
+                    )
+                    self._served = set()
+        finally:
+            nudges.close()
+
+    async def _server_answers(self) -> bool:
+        """Return whether this state directory's server answers (and is the one it started)."""
+        try:
+            await asyncio.to_thread(rest.request, os.environ, "GET", "health")
+        except (UnattendedError, OSError):
+            return False
+        return True
+
+    async def _wait_for_server(self) -> None:
+        """Return once the server answers again, looking every second or two."""
+        delay = 0.5
+        while not await self._server_answers():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _SERVER_WAIT_MAX_SECONDS)
+
+    async def _serve_with(self, nudges: Nudges, on_listening: Callable[[], None] | None) -> None:
+        """Serve with the current runner until it stops (or fails)."""
         await self.sync_deployments()
 
         async def watch() -> None:
@@ -310,7 +359,6 @@ class CampaignService:
         finally:
             watcher.cancel()
             listener.cancel()
-            nudges.close()
 
 
 async def campaign_runs(limit: int = 50) -> list[FlowRun]:
