@@ -121,14 +121,14 @@ def _up(args: argparse.Namespace) -> int:
         say("Prefect server started")
     elif not external:
         say("Prefect server already running")
-    from flows._cli._service import runner_pid, start_detached_runner
+    from flows._cli._service import runner_alive, runner_pid, start_detached_runner
 
     serving = runner_pid()
     if serving is not None:
         say(f"runner already serving (pid {serving})")
         return 0
     pid = start_detached_runner()
-    if runner_pid() is None:
+    if not runner_alive():  # the lock, not its pid file: that is rewritten as it starts
         print(f"error: the runner (pid {pid}) exited at start: see runner.log", file=sys.stderr)
         return 1
     say(f"runner started in the background (pid {pid})")
