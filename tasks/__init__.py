@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import lazy_loader
 
 if TYPE_CHECKING:
-    from tasks._allocations import AllocationRecord, BudgetUsed
+    from tasks._allocations import AllocationRecord, BudgetUsed, retire_left_open
     from tasks._batch import (
         BatchOutcome,
         BatchStore,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__, _ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_allocations": ["AllocationRecord", "BudgetUsed"],
+        "_allocations": ["AllocationRecord", "BudgetUsed", "retire_left_open"],
         "_batch": [
             "BatchOutcome",
             "BatchStore",
@@ -94,5 +94,6 @@ __all__: list[str] = [
     "parse_completion",
     "planner_checks",
     "reask_messages",
+    "retire_left_open",
     "verifier",
 ]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from policies import BudgetExceeded
-from tasks._slurm import AllocationState, EndReason, describe_queue, query_jobs
+from tasks._slurm import AllocationState, EndReason, cancel_jobs, describe_queue, query_jobs
 
 logger = logging.getLogger("unattended.tasks.allocations")
 
@@ -84,6 +84,55 @@ class AllocationRecord:
         """Return ``job 12 PENDING (Resources)``, the words a person reads in a queue."""
         why = f" ({self.reason})" if self.reason and self.reason != "None" else ""
         return f"job {self.job_id} {self.state}{why}"
+
+
+def retire_left_open(
+    records: Sequence[AllocationRecord], *, env: Mapping[str, str]
+) -> list[AllocationRecord]:
+    """End the jobs an earlier run of the campaign left open; return their records, ended.
+
+    A run that crashed never released its jobs. Their workers (or pilot) served
+    that run's process only, so nothing can use them now: the ones still queued or
+    running are cancelled (``released``: the campaign let them go), the ones that
+    ended meanwhile get their end as Slurm tells it, and the ones the controller
+    forgot end ``unknown`` (at their planned end, or now if that is earlier).
+
+    Raises:
+        OSError: ``squeue`` or ``scancel`` cannot be run.
+    """
+    left_open = [r for r in records if not r.ended]
+    if not left_open:
+        return []
+    states = query_jobs([r.job_id for r in left_open], env=env)
+    cancel_jobs([j for j, state in states.items() if not state.ended], env=env)
+    now = time.time()
+    ended = []
+    for record in left_open:
+        state = states.get(record.job_id)
+        if state is None:
+            stop = now if record.ends_at is None else min(now, record.ends_at)
+            ended.append(replace(record, state="UNKNOWN", ended_at=stop, end_reason="unknown"))
+            continue
+        known = replace(
+            record,
+            reason=state.reason,
+            nodes=state.nodes or record.nodes,
+            node_count=state.node_count or record.node_count,
+            started_at=state.started_at or record.started_at,
+        )
+        if state.ended:
+            ended.append(
+                replace(
+                    known,
+                    state=state.state,
+                    ended_at=state.ends_at or now,
+                    end_reason=state.end_reason,
+                )
+            )
+        else:
+            ended.append(replace(known, state="RELEASED", ended_at=now, end_reason="released"))
+    logger.info("ended %d job(s) an earlier run left open", len(ended))
+    return ended
 
 
 class AllocationWatch:

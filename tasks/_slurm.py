@@ -174,6 +174,25 @@ def query_jobs(
     return parse_squeue(done.stdout)
 
 
+def cancel_jobs(job_ids: Iterable[str], *, env: Mapping[str, str] | None = None) -> None:
+    """``scancel`` the jobs (one call; jobs that already ended are left as they are).
+
+    Raises:
+        OSError: ``scancel`` is not installed or cannot be run.
+    """
+    ids = [str(job_id) for job_id in job_ids]
+    if not ids:
+        return
+    subprocess.run(
+        ["scancel", *ids],
+        env=dict(os.environ if env is None else env),
+        capture_output=True,
+        text=True,
+        timeout=_SQUEUE_TIMEOUT,
+        check=False,
+    )
+
+
 def jobs_in_folder(
     folder: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
 ) -> list[str]:

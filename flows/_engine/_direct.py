@@ -25,6 +25,7 @@ from flows._engine._failpoints import arm as arm_failpoints
 from flows._engine._failpoints import failpoint
 from flows._engine._fencing import RecoverySettings, hold_lease
 from flows._engine._inputs import open_campaign
+from flows._engine._left_open import end_left_open
 from flows._engine._notify import Notifier, chain
 from flows._engine._proof import ApproverCodes
 from flows._engine._round import CampaignEngine, CampaignResult, Hooks
@@ -130,6 +131,8 @@ async def _run_rounds(
     store.set_campaign_status(name, "running")
     failpoint("campaign_start")
     folder = str(work_dir) if work_dir is not None else None
+    # Jobs a crashed run left open are ended first, so their cost is known and stops.
+    await end_left_open(store, name, site, env)
     # The site's allocation budget is the campaign's: what earlier runs' jobs used counts.
     usage = store.allocation_usage(name)
     used = BudgetUsed(requests=usage.requests, node_hours=usage.node_hours)

@@ -75,12 +75,13 @@ def _campaign(tmp_path: Path, webhook_url: str) -> Path:
     return spec
 
 
-def _site(tmp_path: Path) -> Path:
+FAILING_PROLOGUE = ["echo 'module: command not found' >&2", "exit 3"]
+
+
+def _site(tmp_path: Path, prologue: list[str] = FAILING_PROLOGUE) -> Path:
     data = load_site("slurm-local", env={}).model_dump(mode="json", exclude_none=True)
     data.pop("secrets", None)
-    data["scheduler"].update(
-        max_allocations=2, prologue=["echo 'module: command not found' >&2", "exit 3"]
-    )
+    data["scheduler"].update(max_allocations=2, prologue=prologue)
     path = tmp_path / "slurm-site.toml"
     path.write_text(tomli_w.dumps(data), encoding="utf-8")
     return path
@@ -124,6 +125,32 @@ def test_a_crashing_prologue_stops_at_max_allocations_counted_across_restarts(
     assert [request for request, _ in jobs] == [1, 2]  # numbered for the campaign
     assert len({job for _, job in jobs}) == 2  # two sbatch in all, none by the third run
     assert status == ("blocked", "budget_exceeded")
+    with sqlite3.connect(database) as connection:
+        ends = connection.execute("SELECT end_reason FROM allocation").fetchall()
+    # Ended by the next run: as Slurm says (the prologue failed), or cancelled if not yet.
+    assert {reason for (reason,) in ends} <= {"failed", "released"}, ends
     (notice,) = notices
     assert f"campaign {NAME} was blocked" in notice["text"]
     assert "(budget_exceeded)" in notice["text"]
+
+
+def test_jobs_a_killed_run_left_running_are_cancelled_by_the_next_run(
+    slurm: SlurmCluster, tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """The workers of a dead run serve nobody: the next run cancels their job and records it."""
+    spec, site = _campaign(tmp_path, webhook[0]), _site(tmp_path, ["export OMP_NUM_THREADS=1"])
+    for _ in range(2):
+        crashed = _run(slurm, tmp_path, spec, site, UNATTENDED_FAILPOINTS="after_fallback_recorded")
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    stopped = _run(slurm, tmp_path, spec, site)
+    assert json.loads(stopped.stdout.strip().splitlines()[-1])["error_code"] == "budget_exceeded"
+
+    database = tmp_path / "home" / "campaigns" / NAME / "provenance.db"
+    with sqlite3.connect(database) as connection:
+        jobs = connection.execute(
+            "SELECT job_id, state, end_reason, ended_at FROM allocation ORDER BY request"
+        ).fetchall()
+    assert [(state, reason) for _, state, reason, _ in jobs] == [("RELEASED", "released")] * 2
+    assert all(ended_at is not None for *_, ended_at in jobs)
+    live = slurm.run(["squeue", "-h", "-t", "all", "-j", ",".join(j for j, *_ in jobs), "-o", "%T"])
+    assert set(live.stdout.split()) <= {"CANCELLED"}, live.stdout

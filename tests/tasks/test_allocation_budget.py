@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from policies import BudgetExceeded
-from tasks import BudgetUsed
+from tasks import BudgetUsed, retire_left_open
 from tasks import _allocations as allocations
 from tasks._allocations import AllocationWatch
 from tasks._slurm import AllocationState
@@ -79,3 +79,33 @@ class TestBudgetUsed:
         asyncio.run(watch.request())
         assert watch.node_hours() == 0.0
         assert submitted == ["100"]
+
+
+class TestRetireLeftOpen:
+    def test_live_jobs_are_cancelled_ended_ones_take_slurm_s_end_forgotten_ones_unknown(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        states = {
+            "1": AllocationState(job_id="1", state="RUNNING", started_at=100.0, ends_at=700.0),
+            "2": AllocationState(job_id="2", state="TIMEOUT", started_at=100.0, ends_at=160.0),
+        }
+        cancelled: list[str] = []
+        monkeypatch.setattr(allocations, "query_jobs", lambda ids, env=None: states)
+        monkeypatch.setattr(allocations, "cancel_jobs", lambda ids, env=None: cancelled.extend(ids))
+        left_open = [
+            allocations.AllocationRecord(job_id=j, request=1, requested_at=90.0, ends_at=200.0)
+            for j in ("1", "2", "3")
+        ]
+        done = allocations.AllocationRecord(
+            job_id="4", request=1, requested_at=90.0, end_reason="released"
+        )
+        ended = retire_left_open([*left_open, done], env={})
+        assert cancelled == ["1"]
+        assert [(r.job_id, r.end_reason) for r in ended] == [
+            ("1", "released"),
+            ("2", "timeout"),
+            ("3", "unknown"),
+        ]
+        assert ended[1].ended_at == 160.0
+        assert ended[2].ended_at == 200.0  # forgotten: charged until its planned end at most
+        assert all(r.request == 1 for r in ended)  # the earlier run's numbering is kept
