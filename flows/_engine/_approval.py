@@ -34,6 +34,22 @@ class Answer(Protocol):
     def code(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class UnreadableAnswer:
+    """An answer whose input the form could not read: judged like any other, and refused."""
+
+    reason: str
+    decision: str = "invalid"
+    approver: str = "(unreadable answer)"
+    batch_size: int | None = None
+    code: str = ""
+
+    @property
+    def comment(self) -> str:
+        """Say why the answer was refused (kept in the provenance)."""
+        return f"the answer could not be read ({self.reason})"
+
+
 # ``(approver, code, now) -> proof``: "totp ok", or why the code does not prove them.
 ProofCheck = Callable[[str, str, datetime], str]
 
@@ -214,7 +230,10 @@ def judge(
     proof = None
     if request.require_proof:
         code = getattr(answer, "code", "") or ""
-        proof = verify(approver, code, moment) if verify is not None else "totp not enrolled"
+        try:
+            proof = verify(approver, code, moment) if verify is not None else "totp not enrolled"
+        except (ValueError, TypeError, UnicodeError):  # a code no authenticator makes
+            proof = "totp failed"
         if proof != "totp ok":
             return Judgement("not_allowed", approver, answer.comment, None, proof)
     if answer.decision == "reject":

@@ -43,7 +43,7 @@ Proof = Literal[
 ISSUER: Final = "unattended"
 # Approver names become file names: no separators, no dot files.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
-_CODE = re.compile(r"\d{6}")
+_CODE = re.compile(r"[0-9]{6}")  # ASCII digits only: \d matches any script's digits
 _SKEW_STEPS: Final = 1
 
 
@@ -105,7 +105,9 @@ class ApproverCodes:
         matched = None
         for offset in range(-_SKEW_STEPS, _SKEW_STEPS + 1):
             expected = totp.at(now, counter_offset=offset)
-            if hmac.compare_digest(expected, code) and _CODE.fullmatch(code):
+            # As bytes: compare_digest refuses str with non-ASCII characters (an answer may
+            # hold any Unicode, e.g. digits of another script, and must fail, not crash).
+            if hmac.compare_digest(expected.encode(), code.encode()) and _CODE.fullmatch(code):
                 matched = step + offset
         if matched is None:
             return "totp failed"

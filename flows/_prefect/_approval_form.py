@@ -117,7 +117,7 @@ def approval_form(
         fields["code"] = (
             str,
             Field(
-                pattern=r"^\s*\d{6}\s*$",
+                pattern=r"^\s*[0-9]{6}\s*$",
                 description="Your one-time code (6 digits) from your authenticator: "
                 "this rule requires proof of who you are.",
             ),

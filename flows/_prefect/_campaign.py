@@ -20,7 +20,7 @@ from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
 from prefect.states import Cancelled, Completed, Failed
 
-from flows._engine._approval import ApprovalRequest, describe
+from flows._engine._approval import ApprovalRequest, UnreadableAnswer, describe
 from flows._engine._direct import code_version, open_store, run_campaign
 from flows._engine._inputs import open_campaign
 from flows._engine._registration import Registration, judge_run
@@ -67,7 +67,7 @@ async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
     return await prefect_task()
 
 
-async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval:
+async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval | UnreadableAnswer:
     """Suspend the flow run until an answer arrives on the request's form."""
     form = approval_form(
         batch_size=len(request.proposed),
@@ -75,10 +75,21 @@ async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval:
         allow_override=request.allow_override,
         require_code=request.require_proof,
     )
-    # suspend_flow_run dispatches sync/async; awaited inside a coroutine it is async.
-    answer = await suspend_flow_run(  # type: ignore[misc]
-        wait_for_input=form, key=request.pause_key(refused)
-    )
+    try:
+        # suspend_flow_run dispatches sync/async; awaited inside a coroutine it is async.
+        answer = await suspend_flow_run(  # type: ignore[misc]
+            wait_for_input=form, key=request.pause_key(refused)
+        )
+    except Exception as exc:  # noqa: BLE001  # Prefect's suspend signal is a BaseException
+        # An input the form cannot read (planted through the API, or a run forced out of
+        # its suspension): an answer like any other, judged (refused) and recorded, and
+        # the run waits again; it never fails the campaign.
+        get_run_logger().warning(
+            "approval %s: the answer could not be read (%s); waiting again",
+            request.pause_key(refused),
+            type(exc).__name__,
+        )
+        return UnreadableAnswer(reason=type(exc).__name__)
     return cast(Approval, answer)
 
 
