@@ -21,6 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,7 @@ import pytest
 import tomli_w
 from private_slurm import SlurmCluster  # type: ignore[import-not-found]
 
+from flows._prefect._server import ServerHandle, client_env
 from tasks import load_site
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -154,3 +156,74 @@ def test_jobs_a_killed_run_left_running_are_cancelled_by_the_next_run(
     assert all(ended_at is not None for *_, ended_at in jobs)
     live = slurm.run(["squeue", "-h", "-t", "all", "-j", ",".join(j for j, *_ in jobs), "-o", "%T"])
     assert set(live.stdout.split()) <= {"CANCELLED"}, live.stdout
+
+
+def _cli(env: dict[str, str], tmp_path: Path, *args: str) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "flows._cli", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _campaign_status(database: Path) -> tuple[Any, ...] | None:
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
+            return connection.execute("SELECT status, error_code FROM campaign").fetchone()
+    except sqlite3.OperationalError:
+        return None
+
+
+@pytest.mark.timeout(400)
+def test_through_the_runner_a_crashing_campaign_stops_at_its_budget_across_a_restart(
+    prefect_server: ServerHandle,
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    webhook: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """``submit`` + ``serve``: the watchdog continues crashed runs, the budget stops them."""
+    spec, site = _campaign(tmp_path, webhook[0]), _site(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
+    env |= {**slurm.env, **client_env(prefect_server)}
+    env |= {
+        "UNATTENDED_HOME": str(tmp_path / "home"),
+        "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-results"),
+        "UNATTENDED_LEASE_TTL_SECONDS": "6",
+        "UNATTENDED_HEARTBEAT_SECONDS": "1",
+        "UNATTENDED_WATCHDOG_SECONDS": "0.5",
+    }
+    crash = env | {"UNATTENDED_FAILPOINTS": "after_fallback_recorded"}
+    database = tmp_path / "home" / "campaigns" / NAME / "provenance.db"
+
+    def jobs() -> int:
+        try:
+            with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
+                return int(connection.execute("SELECT count(*) FROM allocation").fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0
+
+    def wait(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 240.0
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.5)
+
+    try:
+        submitted = _cli(env, tmp_path, "submit", str(spec), "--site", str(site))
+        assert submitted.returncode == 0, submitted.stderr[-3000:]
+        served = _cli(crash, tmp_path, "serve", "--detach", "--query-seconds", "0.5")
+        assert served.returncode == 0, served.stderr[-3000:]
+        wait(lambda: jobs() >= 1, "the first allocation")
+        assert _cli(env, tmp_path, "serve", "--stop").returncode == 0  # a runner restart
+        served = _cli(crash, tmp_path, "serve", "--detach", "--query-seconds", "0.5")
+        assert served.returncode == 0, served.stderr[-3000:]
+        wait(lambda: _campaign_status(database) == ("blocked", "budget_exceeded"), "the budget")
+    finally:
+        _cli(env, tmp_path, "serve", "--stop")
+    assert jobs() == 2  # max_allocations, whatever the runners and runs in between
+    (notice,) = webhook[1]
+    assert "(budget_exceeded)" in notice["text"]
