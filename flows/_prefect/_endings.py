@@ -114,10 +114,21 @@ def record_cancelled(
     actor: str | None,
     how: str,
 ) -> bool:
-    """Record the campaign as cancelled unless it already ended; return whether it was."""
+    """Record the campaign as cancelled unless it already ended; return whether it was.
+
+    Without ``actor``, the person who asked with ``unattended cancel`` for this run
+    (its ``cancel_requested`` event) is recorded: the runner's watchdog may see the
+    run end before the command does.
+    """
     status, _code = campaign_status(store, name)
     if status not in STILL_GOING:
         return False
+    if actor is None and flow_run_id is not None:
+        asked = [
+            e for e in store.events(name, kind=CANCEL_REQUESTED) if e["flow_run_id"] == flow_run_id
+        ]
+        if asked:
+            actor, how = asked[-1]["actor"], "unattended cancel"
     rounds = store.load_checkpoint(name).rounds
     open_round = next((i for i, s in sorted(rounds.items()) if s in STILL_GOING), None)
     store.set_campaign_status(name, "blocked", CANCELLED_CODE, round_index=open_round)
@@ -148,6 +159,18 @@ def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> boo
         _log.warning("could not record %s's failure (%s) in its provenance", name, code)
         return False
     return True
+
+
+def _registered_store(params: dict[str, Any]) -> tuple[str, ProvenanceStore]:
+    """Open the provenance store of the campaign the owner registered with ``params``."""
+    from flows._engine._direct import open_store
+    from flows._spec import load_campaign
+    from tasks import load_site
+
+    loaded = load_campaign(params["spec_path"])
+    site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
+    home = state_dir_from(params.get("state_dir"), os.environ)
+    return loaded.spec.name, open_store(site, loaded, home)
 
 
 async def _runs(client: Any, deployment_id: Any) -> list[FlowRun]:
@@ -184,7 +207,6 @@ async def cancel_campaign(
     """
     # The owner's registration, never a deployment's parameters, says where the campaign is.
     from flows._engine._registration import read_registration
-    from flows._prefect._recovery import campaign_store
 
     home = state_dir_from(None, os.environ)
     registration = read_registration(home, name)
@@ -195,7 +217,7 @@ async def cancel_campaign(
         )
     deployment_id = UUID(registration.deployment_id)
     outcome = CancelOutcome(name)
-    campaign, store = campaign_store(registration.parameters)
+    campaign, store = _registered_store(registration.parameters)
     async with get_client() as client:
         try:
             active = _active(await _runs(client, deployment_id))
@@ -217,10 +239,14 @@ async def cancel_campaign(
                 await client.set_flow_run_state(run.id, Cancelled(message=message), force=True)
                 outcome.forced.append(str(run.id))
             flow_run_id = outcome.runs[0] if outcome.runs else None
-            outcome.recorded = record_cancelled(
+            recorded = record_cancelled(
                 store, campaign, flow_run_id=flow_run_id, actor=actor, how="unattended cancel"
             )
             outcome.status, outcome.error_code = campaign_status(store, campaign)
+            # The runner's watchdog may have recorded this very cancel first (same request).
+            outcome.recorded = recorded or bool(
+                outcome.runs and (outcome.status, outcome.error_code) == ("blocked", CANCELLED_CODE)
+            )
         finally:
             store.close()
     return outcome

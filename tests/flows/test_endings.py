@@ -70,6 +70,14 @@ class TestRecordCancelled:
         (event,) = store.events(NAME, kind="cancelled")
         assert (event["actor"], event["flow_run_id"]) == ("alice", "r1")
 
+    def test_the_watchdog_records_who_asked_with_unattended_cancel(
+        self, store: ProvenanceStore
+    ) -> None:
+        store.record_event(NAME, CANCEL_REQUESTED, flow_run_id="r1", actor="alice")
+        assert record_cancelled(store, NAME, flow_run_id="r1", actor=None, how="prefect")
+        (event,) = store.events(NAME, kind="cancelled")
+        assert (event["actor"], event["details"]["how"]) == ("alice", "unattended cancel")
+
     def test_a_campaign_that_ended_is_not_recorded_again(self, store: ProvenanceStore) -> None:
         store.set_campaign_status(NAME, "completed")
         assert not record_cancelled(store, NAME, flow_run_id=None, actor=None, how="test")

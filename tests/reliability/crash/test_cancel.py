@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import json
 import os
 import sqlite3
@@ -193,6 +194,10 @@ class TestCancelCommand:
         assert "a batch in flight was not finished" in cancelled.stdout
         assert node.runs()[0]["state"]["type"] == "CANCELLED"
         assert events(node.campaign).count("cancel_requested") == 1
+        actors = rows(
+            node.campaign.database, "SELECT actor FROM campaign_event WHERE kind = 'cancelled'"
+        )
+        assert actors == [(getpass.getuser(),)]
         _assert_cancelled_and_not_continued(node, run_id)
         status = node.cli("status", node.campaign.name)
         assert status.returncode == 0, status.stderr
