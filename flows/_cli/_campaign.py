@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from policies import SpecInvalid
+
 
 def register(subparsers: Any) -> None:
     """Add the campaign commands to the CLI."""
@@ -249,6 +251,13 @@ def _approvals(args: argparse.Namespace) -> int:
 def _approve(args: argparse.Namespace) -> int:
     from flows._cli._service import answer
 
+    if args.batch_size is not None and args.candidates is not None:
+        # Which one was meant? The flow would refuse the answer; say so before sending it.
+        raise SpecInvalid(
+            "give --batch-size or --candidates, not both: the first N candidates, or the "
+            "ones named",
+            details={"field": "--candidates"},
+        )
     return answer(
         args.run,
         args.approver,

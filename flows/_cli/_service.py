@@ -576,6 +576,13 @@ def answer(
             f"(see 'unattended status {flow_run_id}')"
         )
         return 0
+    if not runner_alive():
+        return fail(
+            "answer sent, but no runner serves this state directory, so nothing judges it "
+            f"yet: 'unattended serve --detach' starts one ('unattended status {flow_run_id}' "
+            "shows the run)",
+            EXIT_FAILED,
+        )
     print("answer sent; waiting for the flow's verdict ...", flush=True)
     event = _await_verdict(pending, wait_seconds)
     if event is None:
@@ -634,6 +641,15 @@ def _report_verdict(event: ApprovalEventRecord, pending: PendingApproval) -> int
             f"its timeout policy: {then}",
             refused,
         )
+    if event.refusal is not None:
+        why = {
+            "override_not_allowed": "this rule allows no override (max_batch_override = false); "
+            "approve the whole batch, or reject",
+            "override_ambiguous": "an answer gives a batch size or candidates, not both",
+            "override_out_of_range": "the override names candidates the batch does not have",
+            "unreadable": "the answer could not be read as the form's",
+        }.get(event.refusal, event.refusal)
+        return fail(f"refused: {why}; nothing ran and the run waits again", refused)
     if event.proof is not None:
         why = {
             "totp failed": "the one-time code was wrong (or from another 30 s window)",

@@ -204,6 +204,8 @@ class Judgement:
     batch_size: int | None
     proof: str | None = None  # "totp ok", "totp failed", ... when the rule asked for proof
     candidates: tuple[int, ...] | None = None  # the subset approved, by index in the batch
+    # Why a not_allowed answer was refused when it was not for who sent it.
+    refusal: str | None = None
 
 
 def judge(
@@ -225,6 +227,8 @@ def judge(
     approver = answer.approver.strip()
     if moment >= request.deadline:
         return Judgement("timeout", approver, answer.comment, None)
+    if isinstance(answer, UnreadableAnswer):
+        return Judgement("not_allowed", approver, answer.comment, None, refusal="unreadable")
     if approver not in request.approvers:
         return Judgement("not_allowed", approver, answer.comment, None)
     proof = None
@@ -238,16 +242,38 @@ def judge(
             return Judgement("not_allowed", approver, answer.comment, None, proof)
     if answer.decision == "reject":
         return Judgement("rejected", approver, answer.comment, None, proof)
-    subset = getattr(answer, "candidates", None)
-    if subset and request.allow_override:
-        chosen = tuple(int(i) for i in subset)
-        size = len(request.proposed)
-        if len(set(chosen)) != len(chosen) or any(not 0 <= i < size for i in chosen):
-            # The form refuses these; an answer that reached the flow some other way
-            # approves nothing it cannot name.
-            return Judgement("not_allowed", approver, answer.comment, None, proof)
-        return Judgement("approved", approver, answer.comment, None, proof, chosen)
-    return Judgement("approved", approver, answer.comment, answer.batch_size, proof)
+    subset = getattr(answer, "candidates", None) or None
+    size = answer.batch_size
+    refusal = _override_refusal(request, subset, size)
+    if refusal is not None:
+        return Judgement("not_allowed", approver, answer.comment, None, proof, refusal=refusal)
+    if subset:
+        return Judgement(
+            "approved", approver, answer.comment, None, proof, tuple(int(i) for i in subset)
+        )
+    return Judgement("approved", approver, answer.comment, size, proof)
+
+
+def _override_refusal(
+    request: ApprovalRequest, subset: Sequence[int] | None, size: int | None
+) -> str | None:
+    """Say why an approval's override cannot be honoured, or None when it can (or is none)."""
+    if subset is None and size is None:
+        return None
+    if not request.allow_override:
+        # The form offers no override then; an answer that brings one anyway approves
+        # nothing rather than more (or other) than it says.
+        return "override_not_allowed"
+    if subset is not None and size is not None:
+        return "override_ambiguous"  # a batch size and a subset: which one was meant?
+    batch = len(request.proposed)
+    if subset is not None:
+        chosen = [int(i) for i in subset]
+        if len(set(chosen)) != len(chosen) or any(not 0 <= i < batch for i in chosen):
+            return "override_out_of_range"
+    elif size is not None and not 1 <= size <= batch:
+        return "override_out_of_range"
+    return None
 
 
 def approval_deadline(

@@ -546,6 +546,8 @@ class CampaignEngine:
             )
         firing = decision.fired[0] if decision.fired else None
         approvers = ask.approvers or tuple(spec.approvals.approvers)
+        require_proof = isinstance(decision.outcome, Suspend) and decision.outcome.require_proof
+        allow_override = spec.approvals.max_batch_override
         key = f"{self.name}-r{index}-c{call_index}"
         row = self.store.find_approval(key)
         if row is None:
@@ -562,6 +564,8 @@ class CampaignEngine:
                 # read the deadline back from the row instead of recomputing it.
                 allocation_start=self.allocation.start,
                 allocation_end=self.allocation.end,
+                require_proof=require_proof,
+                allow_override=allow_override,
             )
             row = self.store.find_approval(key)
             if row is None:
@@ -569,6 +573,13 @@ class CampaignEngine:
                     f"approval request {key!r} was recorded but cannot be read back",
                     details={"key": key},
                 )
+        # A waiting request keeps the rules it was made under: inputs accepted since
+        # (``submit --accept-changes``: new approvers, no proof) apply from the next one.
+        approvers = tuple(row.approvers_allowed) or approvers
+        if row.require_proof is not None:
+            require_proof = row.require_proof
+        if row.allow_override is not None:
+            allow_override = row.allow_override
         request = ApprovalRequest(
             campaign=self.name,
             round_index=index,
@@ -583,11 +594,9 @@ class CampaignEngine:
             budget_remaining=spec.budget_node_hours - self.counters.spent,
             disposition=launch.disposition,
             deadline=approval_deadline(row.requested_at, row.allocation_end, spec.approvals),
-            require_proof=decision.outcome.require_proof
-            if isinstance(decision.outcome, Suspend)
-            else False,
+            require_proof=require_proof,
             on_timeout=spec.approvals.on_timeout,
-            allow_override=spec.approvals.max_batch_override,
+            allow_override=allow_override,
             origins=tuple(ledger.planned_origins()),
         )
         judgement = await self._await_answer(request, row, suspend)
@@ -607,11 +616,11 @@ class CampaignEngine:
                 )
             candidates = [list(c) for c in fallback.candidates]
             return _Launch(candidates, "fallback", len(candidates) * self.node_hours_per_simulation)
-        if judgement.candidates and spec.approvals.max_batch_override:
+        if judgement.candidates and request.allow_override:
             launch.candidates = [launch.candidates[i] for i in sorted(judgement.candidates)]
             launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
             launch.struck_by = judgement.approver
-        elif judgement.batch_size and spec.approvals.max_batch_override:
+        elif judgement.batch_size and request.allow_override:
             launch.candidates = launch.candidates[: judgement.batch_size]
             launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
             launch.struck_by = judgement.approver
@@ -666,6 +675,7 @@ class CampaignEngine:
                 allowed=judgement.verdict != "not_allowed",
                 event_key=request.pause_key(refused),
                 proof=judgement.proof,
+                refusal=judgement.refusal,
             )
             failpoint("after_approval_recorded")
             if judgement.verdict != "not_allowed":

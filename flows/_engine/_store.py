@@ -126,6 +126,8 @@ class CampaignStore(Protocol):
         flow_run_id: str | None,
         allocation_start: datetime | None = None,
         allocation_end: datetime | None = None,
+        require_proof: bool | None = None,
+        allow_override: bool | None = None,
     ) -> None:
         """Persist an approval request before the run suspends (idempotent on ``key``)."""
         ...
@@ -141,6 +143,7 @@ class CampaignStore(Protocol):
         allowed: bool,
         event_key: str | None = None,
         proof: str | None = None,
+        refusal: str | None = None,
     ) -> bool:
         """Record one answer to approval ``key``; return True if it settled the request."""
         ...

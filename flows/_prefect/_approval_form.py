@@ -96,20 +96,27 @@ def approval_form(
     server refuses an answer without one and the run stays suspended; whether the
     code is right is the flow's judgement.
     """
-    upper = batch_size if allow_override else 0
     fields: dict[str, Any] = {
         "batch_size": (
-            int | None,
-            Field(
-                default=None,
-                ge=1,
-                le=max(upper, 1),
-                description=(
-                    f"Optional: run only the first N of the {batch_size} candidates."
-                    if allow_override
-                    else "Overrides are switched off for this campaign; leave empty."
+            (
+                int | None,
+                Field(
+                    default=None,
+                    ge=1,
+                    le=max(batch_size, 1),
+                    description=f"Optional: run only the first N of the {batch_size} candidates.",
                 ),
-            ),
+            )
+            if allow_override
+            # No number at all: the server refuses any, so an override the rule does not
+            # allow is never "accepted" and then quietly ignored.
+            else (
+                None,
+                Field(
+                    default=None,
+                    description="Overrides are switched off for this campaign; leave empty.",
+                ),
+            )
         )
     }
     fields["candidates"] = _candidates_field(batch_size if allow_override else 0)

@@ -61,6 +61,8 @@ class ApprovalAndBatchWrites(StoreBase):
         flow_run_id: str | None,
         allocation_start: datetime | None = None,
         allocation_end: datetime | None = None,
+        require_proof: bool | None = None,
+        allow_override: bool | None = None,
     ) -> None:
         """Persist an approval request before the run suspends; idempotent on ``key``.
 
@@ -86,6 +88,8 @@ class ApprovalAndBatchWrites(StoreBase):
                     "allocation_start": allocation_start,
                     "allocation_end": allocation_end,
                     "flow_run_id": flow_run_id,
+                    "require_proof": require_proof,
+                    "allow_override": allow_override,
                 },
                 ("key",),
             )
@@ -103,6 +107,7 @@ class ApprovalAndBatchWrites(StoreBase):
         allowed: bool,
         event_key: str | None = None,
         proof: str | None = None,
+        refusal: str | None = None,
     ) -> bool:
         """Record one decision attempt on approval ``key``; return True if it settled it.
 
@@ -162,6 +167,7 @@ class ApprovalAndBatchWrites(StoreBase):
                     settled=settles,
                     recorded_at=moment,
                     proof=proof,
+                    refusal=refusal,
                 )
             )
             return settles

@@ -101,6 +101,8 @@ def approval(reader: Reader, key: str) -> ApprovalRow | None:
         comment=row["comment"],
         overrides=row["overrides"],
         decided_at=row["decided_at"],
+        require_proof=row["require_proof"],
+        allow_override=row["allow_override"],
         events=tuple(
             ApprovalEventRecord(
                 decided_by=e["decided_by"],
@@ -112,6 +114,7 @@ def approval(reader: Reader, key: str) -> ApprovalRow | None:
                 recorded_at=e["recorded_at"],
                 event_key=e["event_key"],
                 proof=e["proof"],
+                refusal=e["refusal"],
             )
             for e in events
         ),

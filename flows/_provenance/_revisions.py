@@ -13,7 +13,16 @@ from typing import Final
 from flows._provenance._errors import ProvenanceDatabaseError
 
 # Every revision this code knows, oldest first; a test pins this to Alembic's view.
-KNOWN_REVISIONS: Final[tuple[str, ...]] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
+KNOWN_REVISIONS: Final[tuple[str, ...]] = (
+    "0001",
+    "0002",
+    "0003",
+    "0004",
+    "0005",
+    "0006",
+    "0007",
+    "0008",
+)
 HEAD_REVISION: Final[str] = KNOWN_REVISIONS[-1]
 # The SQL that reads the stamp (one row, one column) when alembic_version exists.
 STAMP_SQL: Final = "SELECT version_num FROM alembic_version"

@@ -75,6 +75,7 @@ class ApprovalEventRecord:
     recorded_at: datetime
     event_key: str | None = None  # the pause key the answer came in on
     proof: str | None = None  # "totp ok", "totp failed", ... (None: no proof was asked)
+    refusal: str | None = None  # why it was refused, when not for who answered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,9 @@ class ApprovalRow:
     overrides: Any
     decided_at: datetime | None
     events: tuple[ApprovalEventRecord, ...]
+    # The request's rules when it was made (None: recorded before they were kept).
+    require_proof: bool | None = None
+    allow_override: bool | None = None
 
     @property
     def settled(self) -> bool:

@@ -217,6 +217,10 @@ class Approval(SQLModel, table=True):
     comment: str | None = Field(default=None, sa_type=Text)
     overrides: Any | None = Field(default=None, sa_type=JSON)
     decided_at: datetime | None = Field(default=None, sa_type=_TS)
+    # The request's rules when it was made (revision 0008; None before it): a later
+    # change of the campaign's inputs applies from the next request on.
+    require_proof: bool | None = None
+    allow_override: bool | None = None
 
 
 class ApprovalEvent(SQLModel, table=True):
@@ -241,6 +245,8 @@ class ApprovalEvent(SQLModel, table=True):
     recorded_at: datetime = Field(sa_type=_TS)
     # How the approver proved who they are ("totp ok", "totp failed", ...); never the code.
     proof: str | None = None
+    # Why a refused answer was refused when it was not the approver (revision 0008).
+    refusal: str | None = None
 
 
 class Batch(SQLModel, table=True):

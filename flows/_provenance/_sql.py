@@ -37,9 +37,9 @@ COLUMNS: Final[dict[str, str]] = {
     "severities:json explanation shadow:json state_after:json extra:json recorded_at:ts",
     "approval": "id campaign_id round_index key rule approvers_allowed:json requested_at:ts "
     "description allocation_start:ts allocation_end:ts flow_run_id decided_by decision comment "
-    "overrides:json decided_at:ts",
+    "overrides:json decided_at:ts require_proof:bool allow_override:bool",
     "approval_event": "id approval_id event_key decided_by decision comment overrides:json "
-    "allowed:bool settled:bool recorded_at:ts proof",
+    "allowed:bool settled:bool recorded_at:ts proof refusal",
     "batch": "id key campaign_id round_index candidates:json backend launched_at:ts "
     "finished_at:ts status relaunch",
     "task_result": "id batch_id task_index key candidate:json status value:json objective "

@@ -184,3 +184,38 @@ class TestTheBatchTableNumbering:
         text = describe(whole)
         assert "in `inspect`" not in text
         assert f"| {size - 1} | 0.19 |" in text
+
+
+class TestOverridesAreExplicit:
+    def test_with_overrides_off_the_form_takes_no_batch_size(self):
+        form = approval_form(batch_size=8, description="d", allow_override=False)
+        with pytest.raises(ValidationError):
+            form.model_validate({"approver": "alice", "decision": "approve", "batch_size": 1})
+
+    def test_with_overrides_off_an_override_that_gets_through_approves_nothing(self):
+        """Planted past the form: refused with its reason, never approved then ignored."""
+        answer = Approval.model_validate(
+            {"approver": "alice", "decision": "approve", "batch_size": 1}
+        )
+        judgement = judge(answer, request(allow_override=False), now=BEFORE)
+        assert (judgement.verdict, judgement.refusal) == ("not_allowed", "override_not_allowed")
+
+    def test_a_batch_size_and_candidates_together_are_refused(self):
+        answer = Approval.model_validate(
+            {"approver": "alice", "decision": "approve", "batch_size": 2, "candidates": [0, 1]}
+        )
+        judgement = judge(answer, request(), now=BEFORE)
+        assert (judgement.verdict, judgement.refusal) == ("not_allowed", "override_ambiguous")
+
+    def test_a_batch_size_beyond_the_batch_approves_nothing(self):
+        answer = Approval.model_validate(
+            {"approver": "alice", "decision": "approve", "batch_size": 99}
+        )
+        judgement = judge(answer, request(), now=BEFORE)
+        assert (judgement.verdict, judgement.refusal) == ("not_allowed", "override_out_of_range")
+
+    def test_a_rejection_needs_no_override_check(self):
+        answer = Approval.model_validate(
+            {"approver": "alice", "decision": "reject", "batch_size": 1}
+        )
+        assert judge(answer, request(allow_override=False), now=BEFORE).verdict == "rejected"

@@ -8,7 +8,9 @@ approval watchdog, so an answer after the deadline reaches the flow's own judgem
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import shutil
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +55,21 @@ class Waiting:
         await self.service.runner.start(run_once=True)
 
     def answer(self, *argv: str) -> int:
-        """Run ``unattended approve`` in a thread while this thread drives the runner."""
+        """Run ``unattended approve`` in a thread while this thread drives the runner.
+
+        The command runs as the campaign's owner (its state directory) and sees a runner
+        serving it: this thread holds the runner's lock, as ``unattended serve`` does.
+        """
+        home = self.service.state_dir
+        os.environ["UNATTENDED_HOME"] = str(home)
+        lock = os.open(home / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return self._answer(*argv)
+        finally:
+            os.close(lock)
+
+    def _answer(self, *argv: str) -> int:
         with ThreadPoolExecutor(1) as pool:
             cli = pool.submit(main, ["approve", str(self.flow_run_id), *argv, "--wait", "60"])
             while not cli.done():

@@ -272,6 +272,41 @@ class TestApprovals:
             found.events,
         ) == ("c", 4, "big", ["alice", "bob"], "run-9", None, ())
 
+    def test_a_request_keeps_the_rules_it_was_made_under(self, store: Any) -> None:
+        """Approvers, proof and override permission are the request's, recorded once."""
+        store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")
+        for approvers, proof in ((["alice", "bob"], True), (["alice", "bob", "eve"], False)):
+            store.record_approval_request(  # the second (a later, changed submission) is a no-op
+                "c",
+                2,
+                key="k2",
+                rule="r",
+                approvers=approvers,
+                description=None,
+                flow_run_id=None,
+                require_proof=proof,
+                allow_override=False,
+            )
+        found = store.find_approval("k2")
+        assert (found.approvers_allowed, found.require_proof, found.allow_override) == (
+            ["alice", "bob"],
+            True,
+            False,
+        )
+
+    def test_a_refusal_says_why(self, store: Any) -> None:
+        self._request(store)
+        store.record_approval_event(
+            "k4",
+            decided_by="alice",
+            decision="approved",
+            allowed=False,
+            refusal="override_ambiguous",
+        )
+        found = store.find_approval("k4")
+        assert [(e.allowed, e.refusal) for e in found.events] == [(False, "override_ambiguous")]
+        assert found.decision is None
+
     def test_a_refused_approver_is_recorded_without_settling(self, store: Any) -> None:
         self._request(store)
         settled = store.record_approval_event(
