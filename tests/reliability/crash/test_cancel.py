@@ -270,3 +270,38 @@ class TestCancelFromTheUI:
         wait_until(lambda: campaign_row(node.campaign) == ("blocked", "cancelled"), "the record")
         assert "cancel_requested" not in events(node.campaign)
         _assert_cancelled_and_not_continued(node, run_id)
+
+    def test_a_ui_cancel_with_no_runner_serving_is_ended_by_unattended_cancel(
+        self, login: Callable[..., LoginNode]
+    ) -> None:
+        node = login("cancel-ui-no-runner", sleep=4.0)
+        run_id = _start_mid_batch(node)
+        _kill_runner_tree(node)
+        request(
+            os.environ,
+            "POST",
+            f"flow_runs/{run_id}/set_state",
+            {"state": {"type": "CANCELLING", "name": "Cancelling"}},
+        )
+        assert node.runs()[0]["state"]["type"] == "CANCELLING"  # nobody to stop it
+
+        cancelled = node.cli("cancel", node.campaign.name)
+
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert "no runner serves this state directory" in cancelled.stdout
+        assert "set Cancelled by force" in cancelled.stdout
+        assert node.runs()[0]["state"]["type"] == "CANCELLED"
+        assert campaign_row(node.campaign) == ("blocked", "cancelled")
+
+
+def _kill_runner_tree(node: LoginNode) -> None:
+    """SIGKILL the runner and the flow-run processes under it, as a lost session does."""
+    import psutil
+
+    root = psutil.Process(int((node.campaign.home / "runner.lock").read_text()))
+    family = [root, *root.children(recursive=True)]
+    for process in family:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(family, timeout=30)
+    wait_until(lambda: not node.runner_alive(), "the runner to die")
