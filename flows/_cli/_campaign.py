@@ -21,9 +21,11 @@ def register(subparsers: Any) -> None:
         help="check a campaign as submit would (spec, files, site, simulation), no server needed",
         description=(
             "Check everything 'submit' and 'run' check, without a server: the spec, the "
-            "transcript and policy it names, the site config, the simulation's program and the "
-            "first fallback batch. Prints every problem found (file and field) and exits 2, "
-            "or exits 0."
+            "transcript and policy it names (every rule that asks for approval names who may "
+            "give it), the site config (no <PLACEHOLDER> left, its backend's package "
+            "installed), the simulation's program and the first fallback batch. Relative paths "
+            "resolve against the spec's folder. Prints every problem found (file and field) "
+            "and exits 2, or exits 0."
         ),
     )
     _spec_and_site(check)
