@@ -48,6 +48,7 @@ from flows._engine._registration import (
     Registration,
     deployment_name,
     read_registration,
+    registered_parameters,
     registrations,
     write_registration,
 )
@@ -385,9 +386,20 @@ async def suspended_runs() -> list[FlowRun]:
 
 
 def pending_approval(flow_run: FlowRun) -> PendingApproval:
-    """Describe what ``flow_run`` waits for (reads the campaign's provenance)."""
+    """Describe what ``flow_run`` waits for (reads the campaign's provenance).
+
+    Raises:
+        NotFound: The run is not a campaign of this state directory: its own
+            parameters (anyone holding the secret can write them) say nothing.
+    """
+    parameters = registered_parameters(flow_run.deployment_id, os.environ)
+    if parameters is None:
+        raise NotFound(
+            f"flow run {flow_run.id} is not a campaign of this state directory",
+            details={"flow_run_id": str(flow_run.id)},
+        )
     pause_key = (flow_run.state.state_details.pause_key if flow_run.state else None) or ""
-    return describe_pending(flow_run.parameters, pause_key, os.environ)
+    return describe_pending(parameters, pause_key, os.environ)
 
 
 async def expire_approvals(*, now: datetime | None = None) -> list[UUID]:

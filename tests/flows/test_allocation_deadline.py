@@ -161,22 +161,36 @@ class TestEngineRecordsTheAllocationEnd:
         assert abs(first.deadline - (soon - margin)) < timedelta(seconds=1)
 
     @pytest.mark.asyncio
-    async def test_the_watchdog_reads_the_same_deadline_as_the_flow(self, suspensions: Suspensions):
+    async def test_the_watchdog_reads_the_same_deadline_as_the_flow(
+        self, suspensions: Suspensions, monkeypatch: pytest.MonkeyPatch
+    ):
         from prefect.client.schemas.objects import FlowRun
         from prefect.states import Suspended
 
+        from flows._engine._registration import Registration, write_registration
         from flows._prefect._service import pending_approval
 
         soon = datetime.now(UTC) + timedelta(minutes=30)
         request = await suspensions.ask({"UNATTENDED_ALLOCATION_END": str(soon.timestamp())})
+        # The watchdog finds the campaign by the run's deployment in its state directory.
+        deployment_id = uuid.uuid4()
+        write_registration(
+            suspensions.state,
+            Registration(
+                campaign=suspensions.loaded.spec.name,
+                spec_path=str(suspensions.loaded.path),
+                site=str(LOCAL_SITE),
+                state_dir=str(suspensions.state),
+                deployment_id=str(deployment_id),
+                deployment_name="run",
+            ),
+        )
+        monkeypatch.setenv("UNATTENDED_HOME", str(suspensions.state))
         flow_run = FlowRun(
             flow_id=uuid.uuid4(),
             name="run",
-            parameters={
-                "spec_path": str(suspensions.loaded.path),
-                "site": str(LOCAL_SITE),
-                "state_dir": str(suspensions.state),
-            },
+            deployment_id=deployment_id,
+            parameters={},  # never read: anyone holding the secret can write them
             state=Suspended(pause_key=request.pause_key(0)),
         )
         pending = pending_approval(flow_run)
