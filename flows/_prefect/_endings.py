@@ -44,7 +44,7 @@ from prefect.states import Cancelled, Cancelling
 
 from flows._paths import state_dir_from
 from flows._provenance import ProvenanceStore
-from policies import NotFound, classify
+from policies import NotFound, UnattendedError, classify
 
 _log = logging.getLogger(__name__)
 
@@ -113,12 +113,14 @@ def record_cancelled(
     flow_run_id: str | None,
     actor: str | None,
     how: str,
+    params: dict[str, Any] | None = None,
 ) -> bool:
     """Record the campaign as cancelled unless it already ended; return whether it was.
 
     Without ``actor``, the person who asked with ``unattended cancel`` for this run
     (its ``cancel_requested`` event) is recorded: the runner's watchdog may see the
-    run end before the command does.
+    run end before the command does. With the campaign's registered ``params`` its
+    ``[notify]`` people are told (the ``blocked`` notice, code ``cancelled``).
     """
     status, _code = campaign_status(store, name)
     if status not in STILL_GOING:
@@ -139,7 +141,32 @@ def record_cancelled(
         actor=actor,
         details={"how": how, "round": open_round, "was": status},
     )
+    if params is not None:
+        last = store.load_checkpoint(name).last_completed_round
+        upcoming = 0 if last is None else last + 1
+        _notify_cancelled(params, name, upcoming if open_round is None else open_round)
     return True
+
+
+def _notify_cancelled(params: dict[str, Any], name: str, index: int) -> None:
+    """Send the campaign's ``blocked`` notice with the code ``cancelled`` (never raises)."""
+    from flows._engine._notify import Notifier
+    from flows._paths import campaign_dir
+    from flows._spec import load_campaign
+    from tasks import load_site
+
+    try:
+        loaded = load_campaign(params["spec_path"])
+        site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
+        config = loaded.spec.notify or site.notify
+        if config is None:
+            return
+        journal = campaign_dir(state_dir_from(params.get("state_dir"), os.environ), name)
+        Notifier(config, name, journal / "notifications.jsonl").on_event(
+            "stopped", {"round": index, "status": "blocked", "code": CANCELLED_CODE}
+        )
+    except (UnattendedError, OSError, KeyError) as exc:
+        _log.warning("%s: no notice for the cancel (%s)", name, type(exc).__name__)
 
 
 def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> bool:
@@ -240,7 +267,12 @@ async def cancel_campaign(
                 outcome.forced.append(str(run.id))
             flow_run_id = outcome.runs[0] if outcome.runs else None
             recorded = record_cancelled(
-                store, campaign, flow_run_id=flow_run_id, actor=actor, how="unattended cancel"
+                store,
+                campaign,
+                flow_run_id=flow_run_id,
+                actor=actor,
+                how="unattended cancel",
+                params=registration.parameters,
             )
             outcome.status, outcome.error_code = campaign_status(store, campaign)
             # The runner's watchdog may have recorded this very cancel first (same request).

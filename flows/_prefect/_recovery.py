@@ -340,7 +340,12 @@ class Watchdog:
             if cancelled_by_a_person(newest, store, name):
                 # `unattended cancel`, the UI's Cancel, the API: never continued, and recorded.
                 if record_cancelled(
-                    store, name, flow_run_id=str(newest.id), actor=None, how="prefect"
+                    store,
+                    name,
+                    flow_run_id=str(newest.id),
+                    actor=None,
+                    how="prefect",
+                    params=registration.parameters,
                 ):
                     done.append(f"recorded {name} as cancelled (run {newest.id})")
                 self.settled_cancels.add(str(newest.id))

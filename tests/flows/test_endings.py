@@ -5,8 +5,10 @@ A real SQLite provenance store; Prefect's own state objects (no server needed).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -111,3 +113,30 @@ class TestCancelledByAPerson:
 
     def test_a_crash_is_not_a_cancel(self, store: ProvenanceStore) -> None:
         assert not cancelled_by_a_person(_run(Crashed()), store, NAME)
+
+
+class TestCancelNotice:
+    def test_the_campaigns_notify_people_are_told_it_was_cancelled(
+        self, tmp_path: Path, webhook: Any
+    ) -> None:
+        demo = Path(__file__).resolve().parents[2] / "examples" / "demo"
+        for item in demo.iterdir():
+            if item.is_file():
+                shutil.copy(item, tmp_path / item.name)
+        spec = tmp_path / "campaign.toml"
+        spec.write_text(
+            spec.read_text() + f'\n[notify]\nwebhook_url = "{webhook.url}"\nevents = ["blocked"]\n'
+        )
+        home = tmp_path / "home"
+        store = ProvenanceStore.open(home / "campaigns" / "demo")
+        try:
+            store.ensure_campaign("demo", spec={}, site="local", seed=7, code_version="t")
+            params = {"spec_path": str(spec), "site": "local", "state_dir": str(home)}
+            assert record_cancelled(
+                store, "demo", flow_run_id="r1", actor="alice", how="test", params=params
+            )
+        finally:
+            store.close()
+        assert [p["text"] for p in webhook.posts] == [
+            "[unattended] campaign demo was blocked in round 0 (cancelled)"
+        ]
