@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from flows._cli._exit import EXIT_ANSWER_REFUSED, EXIT_FAILED, STATUS_EXIT, fail
+from flows._cli._exit import EXIT_ANSWER_REFUSED, EXIT_BAD_INPUT, EXIT_FAILED, STATUS_EXIT, fail
 from flows._paths import PRIVATE_UMASK, append_private, state_dir_from, write_private
 from flows._prefect._connect import connect, ui_url
 from flows._prefect._server import flow_run_ui_url
@@ -584,7 +584,16 @@ def answer(
             EXIT_FAILED,
         )
     print("answer sent; waiting for the flow's verdict ...", flush=True)
-    event = _await_verdict(pending, wait_seconds)
+    event, ended = _await_verdict(pending, wait_seconds, flow_run_id)
+    if event is None and ended is not None:
+        # The run ended before judging the answer (its inputs changed since it was pinned,
+        # say): the answer was not judged, and the run's state says why.
+        return fail(
+            f"no verdict: the run ended {ended.state_name} before judging the answer"
+            + (f": {ended.state_message}" if ended.state_message else "")
+            + f" ('unattended status {flow_run_id}' shows the run)",
+            EXIT_BAD_INPUT if "(spec_changed)" in ended.state_message else EXIT_FAILED,
+        )
     if event is None:
         return fail(
             f"no verdict from the flow within {wait_seconds:g} s; the answer is on the server and "
@@ -595,14 +604,25 @@ def answer(
     return _report_verdict(event, pending)
 
 
-def _await_verdict(pending: PendingApproval, wait_seconds: float) -> ApprovalEventRecord | None:
+# States a run leaves an answer unjudged in: it will not judge it any more.
+_ENDED_STATES = frozenset({"FAILED", "CRASHED", "CANCELLED", "COMPLETED"})
+
+
+def _await_verdict(
+    pending: PendingApproval, wait_seconds: float, flow_run_id: UUID
+) -> tuple[ApprovalEventRecord | None, RunView | None]:
+    """Wait for the flow's verdict on the answer; also return the run if it ended without one."""
+    from flows._prefect import _rest as rest
     from flows._prefect._pending import answer_event
 
     deadline = time.monotonic() + wait_seconds
     while True:
         event = answer_event(pending)
         if event is not None or time.monotonic() >= deadline:
-            return event
+            return event, None
+        run = rest.read_run(os.environ, flow_run_id)
+        if run.state_type in _ENDED_STATES:
+            return answer_event(pending), run  # a verdict recorded just before the end counts
         time.sleep(_VERDICT_POLL_SECONDS)
 
 

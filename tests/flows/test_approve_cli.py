@@ -248,3 +248,37 @@ class TestApprovingASubset:
         assert fates == [
             (i, "launched", None) if i in (0, 2, 5) else (i, "struck", "alice") for i in range(8)
         ]
+
+
+class TestAnAnswerTheRunCannotJudge:
+    def test_inputs_changed_since_the_pin_end_the_run_and_approve_says_so(
+        self, prefect_server: ServerHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The policy edited in place: the resumed run refuses it; approve exits 2 saying why."""
+        waiting = _suspend(tmp_path, "cli-changed", "60")
+        policy = tmp_path / "approval-policy.toml"
+        policy.write_text(policy.read_text() + "\n# edited while the run waited\n")
+        code = waiting.answer("--as", "alice")
+        err = capsys.readouterr().err
+        assert code == 2
+        assert "no verdict: the run ended Failed before judging the answer" in err
+        assert "spec_changed" in err
+        assert asyncio.run(waiting.state())[0] == "FAILED"
+
+    def test_a_batch_size_with_candidates_is_refused_before_anything_is_sent(
+        self, waiting: Waiting, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code = main(
+            [
+                "approve",
+                str(waiting.flow_run_id),
+                "--as",
+                "alice",
+                "--batch-size",
+                "2",
+                "--candidates",
+                "0,1",
+            ]
+        )
+        assert code == 2
+        assert "give --batch-size or --candidates, not both" in capsys.readouterr().err

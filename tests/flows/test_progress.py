@@ -170,19 +170,38 @@ class TestLiveTable:
         assert "tasks: 2 done, 1 failed" in text
 
 
+def _registered_run(home: Path, spec: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """Register campaign demo in ``home`` and return a run of its deployment."""
+    from flows._engine._registration import Registration, write_registration
+
+    write_registration(
+        home,
+        Registration(
+            campaign="demo",
+            spec_path=str(spec),
+            site="local",
+            state_dir=str(home),
+            deployment_id="d-1",
+            deployment_name="demo",
+        ),
+    )
+    monkeypatch.setenv("UNATTENDED_HOME", str(home))
+    # A run's own parameters point elsewhere: they are never read.
+    return SimpleNamespace(deployment_id="d-1", parameters={"spec_path": "/nowhere.toml"})
+
+
 class TestPoll:
-    def test_reads_the_database_the_flow_runs_parameters_point_at(
+    def test_reads_the_database_the_campaign_s_registration_points_at(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ):
+        """The run's deployment, looked up in this state directory; never its parameters."""
         spec = Path(__file__).parents[2] / "examples" / "demo" / "campaign.toml"
         writer = ProvenanceStore.open(tmp_path / "campaigns" / "demo")
         writer.ensure_campaign("demo", spec={}, site="local", seed=7, code_version="test")
         writer.start_round("demo", 0)
         writer.close()
         monkeypatch.chdir(Path(__file__).parents[2])  # the "local" site is found from here
-        flow_run = SimpleNamespace(
-            parameters={"spec_path": str(spec), "site": "local", "state_dir": str(tmp_path)}
-        )
+        flow_run = _registered_run(tmp_path, spec, monkeypatch)
         out = io.StringIO()
         with CampaignProgress(live=False, stream=out) as progress:
             progress.poll(flow_run)
@@ -193,9 +212,7 @@ class TestPoll:
     ):
         spec = Path(__file__).parents[2] / "examples" / "demo" / "campaign.toml"
         monkeypatch.chdir(Path(__file__).parents[2])
-        flow_run = SimpleNamespace(
-            parameters={"spec_path": str(spec), "site": "local", "state_dir": str(tmp_path)}
-        )
+        flow_run = _registered_run(tmp_path, spec, monkeypatch)
         out = io.StringIO()
         with CampaignProgress(live=False, stream=out) as progress:
             progress.poll(flow_run)
