@@ -1,0 +1,268 @@
+"""Does a UI Resume answer while campaigns run? Prefect's SQLite, all services against ours.
+
+Measured side by side, one fresh embedded server (SQLite, ``start_server``) per side
+and repetition, the sides alternating:
+
+* ``all``: every Prefect server service on (Prefect's defaults);
+* ``ours``: what ``unattended server start`` runs (``UNUSED_SERVICES`` off).
+
+On each, one ``unattended serve`` runner with default settings runs 4 demo
+campaigns (surrogate planner, R rounds x 8 candidates, each simulation sleeping
+``--sim-seconds``). While they run, N flow runs that wait on an approval form are
+resumed one after another through the call the UI's Resume button makes:
+``POST /api/flow_runs/{id}/resume`` with the form's input, once, no retry. Those
+runs are made paused with a run-input schema through the API (no process behind
+them: only the resume is measured). Counted: answers that are not ``ACCEPT``
+(HTTP 503 "database is locked", or a refusal), and the resume's latency.
+
+    python benchmarks/resume_under_load.py [--resumes N] [--reps R] [--rounds R]
+
+Printed: per side, refused / tried, latency median and max, campaigns completed,
+and the load average at the start and the end. The runners are stopped (by PID)
+before their servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SIDES = ("all", "ours")
+CAMPAIGNS = 4
+FORM_SCHEMA = {
+    "title": "Approval",
+    "type": "object",
+    "properties": {
+        "approver": {"type": "string", "title": "Approver"},
+        "decision": {"type": "string", "enum": ["approve", "reject"], "default": "approve"},
+    },
+    "required": ["approver"],
+}
+
+
+def load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_campaign(folder: Path, name: str, rounds: int, sim_seconds: float) -> Path:
+    """Copy the demo as campaign ``name``: surrogate planner, ``rounds`` rounds, slow sims."""
+    folder.mkdir(parents=True)
+    for item in (ROOT / "examples" / "demo").iterdir():
+        if item.is_file():
+            shutil.copy(item, folder / item.name)
+    spec = folder / "campaign.toml"
+    text = spec.read_text()
+    for old, new in {
+        'name = "demo"': f'name = "{name}"',
+        "rounds = 4": f"rounds = {rounds}",
+        "simulation_cost = 0.0": f"simulation_cost = {sim_seconds}",
+        'kind = "scripted"': 'kind = "surrogate"',
+        'transcript = "transcript.jsonl"': "",
+    }.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    spec.write_text(text)
+    return spec
+
+
+def setup_call(client: httpx.Client, path: str, body: Any) -> Any:
+    """POST for the set-up (not measured), asked again while the server answers 503."""
+    for _ in range(20):
+        answer = client.post(path, json=body)
+        if answer.status_code < 500:
+            answer.raise_for_status()
+            return answer.json()
+        time.sleep(0.5)
+    answer.raise_for_status()
+    return None
+
+
+def paused_runs(client: httpx.Client, count: int) -> list[str]:
+    """Create ``count`` flow runs paused on an approval form; return their ids."""
+    flow = setup_call(client, "flows/", {"name": "bench-resume"})
+    ids = []
+    for _ in range(count):
+        run = setup_call(client, "flow_runs/", {"flow_id": flow["id"]})
+        key = f"bench-{uuid.uuid4().hex[:8]}"
+        keyset = {k: f"{key}-{k}" for k in ("description", "response", "schema")}
+        setup_call(
+            client,
+            f"flow_runs/{run['id']}/input",
+            {"key": keyset["schema"], "value": json.dumps(FORM_SCHEMA)},
+        )
+        for state in (
+            {"type": "RUNNING", "name": "Running"},
+            {
+                "type": "PAUSED",
+                "name": "Paused",
+                "state_details": {
+                    "pause_reschedule": False,
+                    "pause_key": key,
+                    "run_input_keyset": keyset,
+                },
+            },
+        ):
+            setup_call(client, f"flow_runs/{run['id']}/set_state", {"state": state, "force": True})
+        ids.append(run["id"])
+    return ids
+
+
+def one_side(folder: Path, side: str, args: argparse.Namespace) -> dict[str, Any]:
+    from flows._prefect._server import (
+        UNUSED_SERVICES,
+        ServerConfig,
+        client_env,
+        start_server,
+        stop_server,
+    )
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    if side == "all":
+        base |= dict.fromkeys(UNUSED_SERVICES, "true")
+    config = ServerConfig(port=free_port(), state_dir=folder / "server")
+    handle = start_server(config, timeout=180, base_env=base)
+    env = base | client_env(handle) | {"UNATTENDED_HOME": str(folder / "home")}
+    runner = None
+    try:
+        with (folder / "runner.log").open("wb") as log:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "flows._cli", "serve"],
+                env=env,
+                cwd=folder,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        auth = tuple(handle.auth_string.split(":", 1)) if handle.auth_string else None
+        with httpx.Client(base_url=handle.api_url + "/", auth=auth, timeout=60) as client:
+            waiting = paused_runs(client, args.resumes)
+            for n in range(CAMPAIGNS):
+                spec = write_campaign(folder / f"c{n}", f"load-{n}", args.rounds, args.sim_seconds)
+                done = subprocess.run(
+                    [sys.executable, "-m", "flows._cli", "submit", str(spec)],
+                    env=env,
+                    cwd=folder,
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                    check=False,
+                )
+                if done.returncode != 0:
+                    raise SystemExit(f"submit failed: {done.stderr[-1000:]}")
+            # Resume as soon as campaigns are running (the runner may take them in turn).
+            running = wait_running(client, 2, limit=120)
+            refused: list[str] = []
+            seconds: list[float] = []
+            for run_id in waiting:
+                start = time.perf_counter()
+                answer = client.post(
+                    f"flow_runs/{run_id}/resume",
+                    json={"run_input": {"approver": "alice", "decision": "approve"}},
+                )
+                seconds.append(time.perf_counter() - start)
+                status = answer.json().get("status") if answer.status_code < 500 else None
+                if status != "ACCEPT":
+                    refused.append(f"{answer.status_code} {answer.text[:80]}")
+                time.sleep(args.gap)
+            still = wait_running(client, 0, limit=0)
+            completed = count_state(client, "COMPLETED")
+    finally:
+        if runner is not None:
+            os.killpg(runner.pid, signal.SIGTERM)
+            try:
+                runner.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(runner.pid, signal.SIGKILL)
+        stop_server(config)
+    return {
+        "refused": refused,
+        "tried": len(waiting),
+        "median": statistics.median(seconds),
+        "max": max(seconds),
+        "running_at_start": running,
+        "running_at_end": still,
+        "completed": completed,
+    }
+
+
+def count_state(client: httpx.Client, state: str) -> int:
+    body = {"flow_runs": {"tags": {"all_": ["unattended"]}, "state": {"type": {"any_": [state]}}}}
+    return int(client.post("flow_runs/count", json=body).json())
+
+
+def wait_running(client: httpx.Client, wanted: int, limit: float) -> int:
+    """Wait until ``wanted`` campaign runs are Running (``limit`` s); return how many are."""
+    deadline = time.monotonic() + limit
+    while True:
+        running = count_state(client, "RUNNING")
+        if running >= wanted or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resumes", type=int, default=20, help="resumes per side and rep")
+    parser.add_argument("--reps", type=int, default=2, help="repetitions of each side")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds per load campaign")
+    parser.add_argument("--sim-seconds", type=float, default=0.2, help="each simulation sleeps")
+    parser.add_argument("--gap", type=float, default=0.3, help="seconds between resumes")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args()
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+    root = Path(tempfile.mkdtemp(prefix="unattended-bench-resume-"))
+    print(f"load average (1, 5, 15 min) at the start: {load()} on {os.cpu_count()} CPUs")
+    found: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    try:
+        for rep in range(args.reps):
+            for side in SIDES if rep % 2 == 0 else SIDES[::-1]:
+                result = one_side(root / f"{side}-{rep}", side, args)
+                found[side].append(result)
+                print(
+                    f"rep {rep} {side:>4}: refused {len(result['refused'])}/{result['tried']}, "
+                    f"resume median {result['median'] * 1e3:.0f} ms, max "
+                    f"{result['max'] * 1e3:.0f} ms, campaigns running at start/end "
+                    f"{result['running_at_start']}/{result['running_at_end']}  (load {load()})",
+                    flush=True,
+                )
+                for line in result["refused"][:3]:
+                    print(f"          {line}")
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\n{CAMPAIGNS} campaigns x {args.rounds} rounds running; resumes through the UI's call")
+    for side in SIDES:
+        refused = sum(len(r["refused"]) for r in found[side])
+        tried = sum(r["tried"] for r in found[side])
+        median = statistics.median(r["median"] for r in found[side]) * 1e3
+        print(f"   {side:>4} services: refused {refused}/{tried}; median resume {median:.0f} ms")
+    print(f"load average at the end: {load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
