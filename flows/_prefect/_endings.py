@@ -144,12 +144,23 @@ def record_cancelled(
     if params is not None:
         last = store.load_checkpoint(name).last_completed_round
         upcoming = 0 if last is None else last + 1
-        _notify_cancelled(params, name, upcoming if open_round is None else open_round)
+        notify_stopped(
+            params,
+            name,
+            upcoming if open_round is None else open_round,
+            status="blocked",
+            code=CANCELLED_CODE,
+        )
     return True
 
 
-def _notify_cancelled(params: dict[str, Any], name: str, index: int) -> None:
-    """Send the campaign's ``blocked`` notice with the code ``cancelled`` (never raises)."""
+def notify_stopped(
+    params: dict[str, Any], name: str, index: int, *, status: str, code: str
+) -> None:
+    """Send the campaign's ``stopped`` notice, as its run would have (never raises).
+
+    For endings decided outside the flow run: a person's cancel, the watchdog's cap.
+    """
     from flows._engine._notify import Notifier
     from flows._paths import campaign_dir
     from flows._spec import load_campaign
@@ -163,10 +174,10 @@ def _notify_cancelled(params: dict[str, Any], name: str, index: int) -> None:
             return
         journal = campaign_dir(state_dir_from(params.get("state_dir"), os.environ), name)
         Notifier(config, name, journal / "notifications.jsonl").on_event(
-            "stopped", {"round": index, "status": "blocked", "code": CANCELLED_CODE}
+            "stopped", {"round": index, "status": status, "code": code}
         )
     except (UnattendedError, OSError, KeyError) as exc:
-        _log.warning("%s: no notice for the cancel (%s)", name, type(exc).__name__)
+        _log.warning("%s: no %s notice (%s)", name, code, type(exc).__name__)
 
 
 def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> bool:

@@ -52,10 +52,9 @@ from prefect.states import Crashed
 
 from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
-from flows._engine._notify import Notifier
 from flows._engine._registration import Registration, registration_for, registrations
-from flows._paths import campaign_dir, state_dir_from
-from flows._prefect._endings import cancelled_by_a_person, record_cancelled
+from flows._paths import state_dir_from
+from flows._prefect._endings import cancelled_by_a_person, notify_stopped, record_cancelled
 from flows._provenance import LeaseRow, ProvenanceStore
 from flows._provenance._readers import Progress
 from flows._spec import load_campaign
@@ -477,30 +476,13 @@ def stop_exhausted(
         flow_run_id=str(newest.id),
         details={"continuations": tally.count, "why": why, "progress": _mark(tally.progress)},
     )
-    _notify_stop(params, name, index)
+    notify_stopped(params, name, index, status="failed", code=EXHAUSTED_CODE)
     message = (
         f"stopped {name} ({EXHAUSTED_CODE}): {tally.count} continuations without progress, "
         f"the last because {why}"
     )
     _log.warning("watchdog: %s", message)
     return message
-
-
-def _notify_stop(params: dict[str, Any], name: str, index: int) -> None:
-    """Send the campaign's ``failed`` notice for the cap, as its run would have (never raises)."""
-    try:
-        loaded = load_campaign(params["spec_path"])
-        site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
-        config = loaded.spec.notify or site.notify
-        if config is None:
-            return
-        home = state_dir_from(params.get("state_dir"), os.environ)
-        journal = campaign_dir(home, name) / "notifications.jsonl"
-        Notifier(config, name, journal).on_event(
-            "stopped", {"round": index, "status": "failed", "code": EXHAUSTED_CODE}
-        )
-    except (UnattendedError, OSError, KeyError) as exc:
-        _log.warning("watchdog: %s: no notice for the cap (%s)", name, type(exc).__name__)
 
 
 def recovery_note_of(flow_run_id: UUID, *, runner_alive: bool) -> str | None:
