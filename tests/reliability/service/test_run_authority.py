@@ -182,6 +182,60 @@ class TestRunsOfTheOwnersDeployment:
         assert owner.batches_of_round(2) == 0
 
 
+class TestForcedAnswers:
+    """Inputs planted through the API and forced states: refused, recorded, the run waits again."""
+
+    def _pause_key(self, owner: Owner) -> str:
+        run = owner.api("GET", f"flow_runs/{owner.flow_run_id}")
+        return str(run["state"]["state_details"]["pause_key"])
+
+    def _refusals(self, owner: Owner) -> list[tuple[str, str | None]]:
+        rows = sqlite_rows(
+            campaign_db(owner.home, NAME),
+            "SELECT e.decision, e.refusal FROM approval_event e "
+            "JOIN approval a ON a.id = e.approval_id WHERE a.key = ? ORDER BY e.id",
+            f"{NAME}-r2-c1",
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    def _force_scheduled(self, owner: Owner) -> None:
+        owner.api(
+            "POST",
+            f"flow_runs/{owner.flow_run_id}/set_state",
+            {"state": {"type": "SCHEDULED", "name": "Resuming"}, "force": True},
+        )
+
+    def test_a_planted_input_the_form_cannot_read_is_refused(self, owner: Owner) -> None:
+        key = self._pause_key(owner)
+        before = len(self._refusals(owner))
+        owner.api(
+            "POST",
+            f"flow_runs/{owner.flow_run_id}/input",
+            {
+                "key": f"suspended-{key}-response",
+                "value": json.dumps({"decision": "approve", "approver": ["alice"], "x": 1}),
+            },
+        )
+        self._force_scheduled(owner)
+        owner.drive()
+        assert owner.state(owner.flow_run_id)[0] == "PAUSED"
+        assert self._pause_key(owner) != key  # a fresh form
+        assert self._refusals(owner)[before:] == [("not_allowed", "unreadable")]
+        assert owner.batches_of_round(2) == 0
+
+    def test_a_run_forced_out_of_its_suspension_without_an_answer_waits_again(
+        self, owner: Owner
+    ) -> None:
+        key = self._pause_key(owner)
+        before = len(self._refusals(owner))
+        self._force_scheduled(owner)
+        owner.drive()
+        assert owner.state(owner.flow_run_id)[0] == "PAUSED"
+        assert self._pause_key(owner) != key
+        assert self._refusals(owner)[before:] == [("not_allowed", "unreadable")]
+        assert owner.batches_of_round(2) == 0
+
+
 class TestDeploymentsNotRegistered:
     def test_a_deployment_naming_the_owners_state_directory_is_never_served(
         self, owner: Owner
