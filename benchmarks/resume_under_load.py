@@ -154,7 +154,7 @@ def one_side(folder: Path, side: str, args: argparse.Namespace) -> dict[str, Any
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        auth = tuple(handle.auth_string.split(":", 1)) if handle.auth_string else None
+        auth = handle.basic_auth
         with httpx.Client(base_url=handle.api_url + "/", auth=auth, timeout=60) as client:
             waiting = paused_runs(client, args.resumes)
             for n in range(CAMPAIGNS):
