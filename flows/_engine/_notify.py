@@ -172,6 +172,10 @@ class Notifier:
                 os.fdopen(append_private(self.journal), "a", encoding="utf-8") as handle,
             ):
                 handle.write(json.dumps(entry) + "\n")
+                # Durable like the provenance (synchronous=FULL): after a power cut a notice
+                # recorded as sent is not sent twice.
+                handle.flush()
+                os.fsync(handle.fileno())
         except OSError as exc:  # a full disk must not fail the campaign either
             log.warning("cannot record a notification: %s", type(exc).__name__)
 
