@@ -44,6 +44,9 @@ def radical_site(tmp_path: Path) -> Path:
     }
     data["backend"].update(cores=2, cores_per_node=2, runtime_minutes=10)
     data["max_concurrency"] = 4
+    # The demo's tasks take well under a second: the example's cost model (half a node-hour
+    # a simulation) would be refused as longer than this 10-minute walltime.
+    data["cost"].update(simulation_seconds=5.0, verifier_seconds=1.0)
     path = tmp_path / "slurm-radical.toml"
     path.write_text(tomli_w.dumps(data), encoding="utf-8")
     return path

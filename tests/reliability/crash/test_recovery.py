@@ -516,11 +516,15 @@ class TestApprovalBypass:
         )
         assert "id" in attack, attack
         wait_until(lambda: login.state_of(attack["id"]) == "FAILED", "the attack run to end")
-        assert "spec_changed" in _call("GET", f"flow_runs/{attack['id']}")["state"]["message"]
+        # Refused before its spec is even read: the run's parameters are not the campaign's
+        # registration (the pinned inputs would refuse it next, as spec_changed).
+        message = _call("GET", f"flow_runs/{attack['id']}")["state"]["message"]
+        assert "run_refused" in message
+        assert "(site, spec_path)" in message
         assert not batch_launched(login.campaign, 1)
         assert login.state_of(original) == "PAUSED"
         assert status(login.campaign) == "awaiting_approval"
-        assert "spec_changed" in events(login.campaign)
+        assert "run_refused" in events(login.campaign)
 
         answered = login.cli("approve", original, "--as", "alice")
         assert answered.returncode == 0, answered.stderr
