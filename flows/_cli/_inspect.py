@@ -41,11 +41,19 @@ def register(subparsers: Any) -> None:
             "dispositions, acceptance rate, fallbacks, approvals and best result. With "
             "--round N, show that round in full: every gate call and attempt with its "
             "verdicts, the fallback and its hash, policy decisions, approvals, the batch "
-            "and its task results."
+            "and its task results, each with the job it ran in and that job's window. With "
+            "--allocations, list the scheduler jobs (allocations) the campaign's work ran in: "
+            "state and end reason as recorded, times in UTC, walltime, nodes, node-hours "
+            "charged and tasks, with the totals the allocation budget counts."
         ),
     )
     inspect.add_argument("campaign", nargs="?", help="campaign name")
     inspect.add_argument("--round", type=int, dest="round_index", metavar="N", help="round index")
+    inspect.add_argument(
+        "--allocations",
+        action="store_true",
+        help="list the campaign's allocations (scheduler jobs) and what they used",
+    )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
     inspect.add_argument("--db", metavar="URL_OR_PATH", help=_DB_HELP)
     inspect.set_defaults(handler=_inspect)
@@ -55,15 +63,16 @@ def register(subparsers: Any) -> None:
         help="export a campaign's provenance as JSON lines or CSV",
         description=(
             "jsonl: one JSON object per record, with a 'kind' (campaign, round, decision, "
-            "attempt, approval, batch, task_result). csv: one row per attempt, or per "
-            "task result with --records task_results."
+            "attempt, approval, batch, task_result, allocation). csv: one table per file: "
+            "one row per attempt, or per task result with --records task_results, or per "
+            "allocation (scheduler job) with --records allocations."
         ),
     )
     export.add_argument("campaign", help="campaign name")
     export.add_argument("--format", choices=("jsonl", "csv"), required=True)
     export.add_argument(
         "--records",
-        choices=("all", "attempts", "task_results"),
+        choices=("all", "attempts", "task_results", "allocations"),
         help="which records (default: all for jsonl, attempts for csv)",
     )
     export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
@@ -95,18 +104,31 @@ def _inspect(args: argparse.Namespace) -> int:
     locations = database_locations(args.db, args.campaign, os.environ)
     if args.campaign is None and args.round_index is not None:
         return fail("--round needs a CAMPAIGN")
+    if args.allocations and (args.campaign is None or args.round_index is not None):
+        return fail("--allocations needs a CAMPAIGN and no --round")
     if args.campaign is None:
         data: Any = render.list_campaigns(locations)
         render.show(data, render.print_campaigns, as_json=args.json)
         return 0
     with _records.open_read_only(locations[0]) as store:
-        if args.round_index is None:
+        if args.allocations:
+            data = _allocations(store, args.campaign)
+            render.show(data, render.print_allocations, as_json=args.json)
+        elif args.round_index is None:
             data = store.summary(args.campaign)
             render.show(data, render.print_summary, as_json=args.json)
         else:
             data = store.round_view(args.campaign, args.round_index)
             render.show(data, render.print_round, as_json=args.json)
     return 0
+
+
+def _allocations(store: Any, campaign: str) -> dict[str, Any]:
+    from flows._provenance._allocation_reads import allocation_view
+    from flows._provenance._rows import now
+
+    with store.reading() as reader:
+        return allocation_view(reader, campaign, now())
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -61,11 +61,14 @@ def export(store: StoreReads, name: str, *, fmt: str, records: str, output: str 
         "all": _export.export_records,
         "attempts": _export.export_attempts,
         "task_results": _export.export_task_results,
+        "allocations": _export.export_allocations,
     }[records]
     with store.reading() as reader:
         stream = export_records(reader, name)
-        first = next(stream)  # raises NotFound before any file is created
-        chained = _chain(first, stream)
+        # Raises NotFound before any file is created. A campaign with no such records
+        # (no allocations on a site without batch jobs) gets empty output, not a traceback.
+        first = next(stream, None)
+        chained = iter(()) if first is None else _chain(first, stream)
         if output is None:
             _write(chained, fmt, sys.stdout)
             return

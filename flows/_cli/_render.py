@@ -294,6 +294,8 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             "candidate",
             "runtime",
             "host",
+            "job",
+            "window (UTC)",
             "exit",
             "tries",
             "error",
@@ -308,6 +310,8 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
                 r["candidate"],
                 r["runtime"],
                 r["host"],
+                r["job_id"],
+                _window(r["allocation_start"], r["allocation_end"]),
                 r["exit_code"],
                 r["attempts"],
                 r["error_code"],
@@ -316,3 +320,68 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             for r in b["results"]
         ]
         console.print(_table("Task results", columns, rows))
+
+
+def _window(start: str | None, end: str | None) -> str | None:
+    """Return a job's window as ``start .. planned end`` (UTC), or None without a job."""
+    if start is None and end is None:
+        return None
+    return f"{_when(start)} .. {_when(end)}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def _ended(job: dict[str, Any]) -> str:
+    if job["ended_at"]:
+        return _when(job["ended_at"])
+    if job["started_at"] and job["ends_at"]:
+        return f"{_when(job['ends_at'])} planned"
+    return "-"
+
+
+def print_allocations(console: Console, view: dict[str, Any]) -> None:
+    """Print a campaign's allocations (scheduler jobs), one line each, and the budget's totals."""
+    columns = (
+        "job",
+        "request",
+        "state",
+        "end reason",
+        "requested",
+        "started",
+        "ended",
+        "walltime",
+        "nodes",
+        "node-hours",
+        "tasks",
+    )
+    rows = [
+        [
+            job["job_id"],
+            job["request"],
+            job["state"] + (f" ({job['reason']})" if job["reason"] else ""),
+            job["end_reason"],
+            _when(job["requested_at"]),
+            _when(job["started_at"]),
+            _ended(job),
+            _duration(job["walltime_seconds"]),
+            f"{job['node_count']}" + (f" ({', '.join(job['nodes'])})" if job["nodes"] else ""),
+            f"{job['node_hours']:.4f}",
+            f"{job['tasks']} ({job['done']} done, {job['interrupted']} interrupted)",
+        ]
+        for job in view["allocations"]
+    ]
+    console.print(_table(f"Allocations of campaign {view['campaign']} (UTC)", columns, rows))
+    t = view["totals"]
+    outside = f"; {t['tasks_outside']} task(s) outside any of them" if t["tasks_outside"] else ""
+    console.print(
+        Text(
+            f"Total: {t['requests']} allocation request(s), {t['jobs']} job(s), "
+            f"{t['node_hours']:.4f} node-hours charged as of {_when(view['at'])}, "
+            f"{t['tasks']} task(s){outside}"
+        )
+    )

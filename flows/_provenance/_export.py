@@ -7,6 +7,7 @@ from typing import Any
 
 from flows._provenance import _queries as sql
 from flows._provenance._readers import (
+    allocations,
     approval,
     campaign_row,
     plain,
@@ -30,6 +31,7 @@ def export_records(reader: Reader, name: str) -> Iterator[dict[str, Any]]:
     for batch in reader.all(sql.EXPORT_BATCHES, cid=cid):
         yield {"kind": "batch", **plain(batch, drop=("id", "campaign_id"))}
         yield from _task_results(reader, batch)
+    yield from _allocations(reader, cid)
 
 
 def export_attempts(reader: Reader, name: str) -> Iterator[dict[str, Any]]:
@@ -54,3 +56,15 @@ def _task_results(reader: Reader, batch: dict[str, Any]) -> Iterator[dict[str, A
             "round_index": batch["round_index"],
             **as_dict(record),
         }
+
+
+def export_allocations(reader: Reader, name: str) -> Iterator[dict[str, Any]]:
+    """Yield one record per allocation (scheduler job) of campaign ``name``, as recorded."""
+    yield from _allocations(reader, require_campaign(reader, name))
+
+
+def _allocations(reader: Reader, cid: int) -> Iterator[dict[str, Any]]:
+    # The rows as recorded, oldest request first; node-hours charged are
+    # ``inspect --allocations``'s (an open job's grow with the time it is asked).
+    for row in allocations(reader, cid):
+        yield {"kind": "allocation", **row}

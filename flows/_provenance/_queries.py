@@ -113,6 +113,15 @@ ALLOCATIONS: Final = (
     f"SELECT {columns('allocation', drop=('id', 'campaign_id'))} FROM allocation "
     "WHERE campaign_id = :cid ORDER BY request, id"
 )
+# How many task results each job of a campaign carried (``inspect --allocations``);
+# the NULL job gathers results recorded without one (sites without batch jobs).
+ALLOCATION_TASKS: Final = (
+    "SELECT t.job_id, count(*) AS tasks, "
+    "sum(CASE WHEN t.status = 'done' THEN 1 ELSE 0 END) AS done, "
+    "sum(CASE WHEN t.status = 'interrupted' THEN 1 ELSE 0 END) AS interrupted "
+    "FROM task_result t JOIN batch b ON b.id = t.batch_id "
+    "WHERE b.campaign_id = :cid GROUP BY t.job_id"
+)
 # What a campaign has achieved so far: the watchdog counts continuations without progress.
 PROGRESS: Final = (
     "SELECT (SELECT count(*) FROM round WHERE campaign_id = :cid AND status = 'completed') "

@@ -201,21 +201,24 @@ def _moment(text: str | None) -> datetime | None:
     return None if text is None else utc(datetime.fromisoformat(text))
 
 
+def charged_node_hours(row: dict[str, Any], at: datetime) -> float:
+    """Return the node-hours one allocation row is charged up to ``at`` (see AllocationUsage)."""
+    start = _moment(row["started_at"])
+    if start is None:
+        return 0.0
+    stop = _moment(row["ended_at"])
+    if stop is None:
+        planned = _moment(row["ends_at"])
+        stop = at if planned is None else min(at, planned)
+    nodes = max(int(row["node_count"] or 0), 1)
+    return max(0.0, (stop - start).total_seconds()) * nodes / 3600.0
+
+
 def allocation_usage(reader: Reader, cid: int, at: datetime) -> AllocationUsage:
     """Return what campaign ``cid``'s allocations used of its budget up to ``at``."""
     rows = allocations(reader, cid)
     requests = {(r["request"], r["requested_at"]) for r in rows}
-    hours = 0.0
-    for r in rows:
-        start = _moment(r["started_at"])
-        if start is None:
-            continue
-        stop = _moment(r["ended_at"])
-        if stop is None:
-            planned = _moment(r["ends_at"])
-            stop = at if planned is None else min(at, planned)
-        nodes = max(int(r["node_count"] or 0), 1)
-        hours += max(0.0, (stop - start).total_seconds()) * nodes / 3600.0
+    hours = sum((charged_node_hours(r, at) for r in rows), 0.0)
     return AllocationUsage(requests=len(requests), node_hours=hours)
 
 
