@@ -450,7 +450,8 @@ def _print_recovery(run: RunView) -> None:
         return
     from flows._prefect._recovery import recovery_note_of
 
-    note = recovery_note_of(run.id, runner_alive=runner_alive())
+    alive = runner_alive()
+    note = recovery_note_of(run.id, runner_alive=alive, runner_pid=_runner_pid() if alive else None)
     if note:
         print(f"  {note}")
 

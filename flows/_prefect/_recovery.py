@@ -52,7 +52,12 @@ from prefect.states import Crashed
 
 from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
-from flows._engine._registration import Registration, registration_for, registrations
+from flows._engine._registration import (
+    Registration,
+    registered_parameters,
+    registration_for,
+    registrations,
+)
 from flows._paths import state_dir_from
 from flows._prefect._endings import cancelled_by_a_person, notify_stopped, record_cancelled
 from flows._provenance import LeaseRow, ProvenanceStore
@@ -86,15 +91,21 @@ def _seconds_since(moment: datetime, now: datetime) -> float:
     return (now - moment).total_seconds()
 
 
-def flow_runs_alive_here() -> set[str]:
-    """Return the ids of the flow runs this process's descendants are executing.
+def flow_runs_alive_here(root: int | None = None) -> set[str]:
+    """Return the ids of the flow runs that a process's descendants are executing.
 
     Prefect's runner starts each flow run as a child process with
     ``PREFECT__FLOW_RUN_ID`` in its environment; a run found here is alive, whatever
     its lease says (it may still be starting, on a machine that is slow today).
+    ``root`` is the runner's pid (default: this process, the runner's own watchdog);
+    an unknown or gone pid has no descendants.
     """
-    alive = set()
-    for child in psutil.Process().children(recursive=True):
+    alive: set[str] = set()
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return alive
+    for child in children:
         with contextlib.suppress(psutil.Error):
             run_id = child.environ().get("PREFECT__FLOW_RUN_ID")
             if run_id:
@@ -108,15 +119,15 @@ def orphan_reason(
     settings: RecoverySettings,
     now: datetime,
     alive_here: frozenset[str] | set[str] = frozenset(),
-    runner_started: datetime | None = None,
 ) -> str | None:
     """Return why a Running/Pending run is an orphan, or None when it looks alive.
 
     A run holding the lease is an orphan when the lease's process is gone or the
-    lease expired. A run without it is one only when it got to its state before
-    this runner started (``runner_started``; None: no runner) and longer than the
-    lease TTL ago: the runner that moved it there is gone, and a run this runner
-    starts is its own (Prefect marks it Crashed if its process dies).
+    lease expired. A run without it is one when no process of the runner executes it
+    (``alive_here``) and it has been in its state for longer than the lease TTL: a
+    live run takes the lease as it starts, and only the runner starts runs, so such a
+    run was left by a runner that is gone, or forced into its state through the API
+    (by anyone holding the server's secret) with nothing behind it.
     """
     state = flow_run.state
     if state is None or state.type not in {StateType.RUNNING, StateType.PENDING}:
@@ -130,10 +141,33 @@ def orphan_reason(
             return f"lease expired {_seconds_since(lease.expires_at, now):.0f} s ago"
         return None
     age = _seconds_since(state.timestamp, now)
-    before_us = runner_started is None or _seconds_since(state.timestamp, runner_started) > 0
-    if before_us and age > settings.lease_ttl_seconds:
+    if age > settings.lease_ttl_seconds:
         return f"{state.type.value.lower()} for {age:.0f} s without holding the campaign's lease"
     return None
+
+
+def orphan_in(
+    flow_run: FlowRun,
+    lease: LeaseRow | None,
+    settings: RecoverySettings,
+    now: datetime,
+    alive_here: frozenset[str] | set[str] = frozenset(),
+) -> float | None:
+    """Return in how many seconds ``orphan_reason`` calls this run an orphan, all else equal.
+
+    None when it never will on its own (it holds a live lease, a process of the runner
+    executes it, or it is not Running/Pending), 0 when it is one already.
+    """
+    if orphan_reason(flow_run, lease, settings, now, alive_here) is not None:
+        return 0.0
+    state = flow_run.state
+    if state is None or state.type not in {StateType.RUNNING, StateType.PENDING}:
+        return None
+    if str(flow_run.id) in alive_here:
+        return None
+    if lease is not None and lease.owner == str(flow_run.id) and not lease.released:
+        return None
+    return max(0.0, settings.lease_ttl_seconds - _seconds_since(state.timestamp, now))
 
 
 def _may_need_action(runs: list[FlowRun], now: datetime) -> bool:
@@ -256,7 +290,6 @@ class Watchdog:
 
     settings: RecoverySettings
     state_dir: Path | None = None
-    started: datetime = field(default_factory=lambda: datetime.now(UTC))
     # Continuations whose ``continued`` event could not be written (a full disk):
     # counted here too, by campaign, so the cap and the pause hold while storage fails.
     unrecorded: dict[str, Continuations] = field(default_factory=dict)
@@ -310,7 +343,7 @@ class Watchdog:
         try:
             lease = store.lease(name)
             for run in runs:
-                reason = orphan_reason(run, lease, self.settings, now, alive, self.started)
+                reason = orphan_reason(run, lease, self.settings, now, alive)
                 if reason is None:
                     continue
                 await client.set_flow_run_state(
@@ -485,26 +518,46 @@ def stop_exhausted(
     return message
 
 
-def recovery_note_of(flow_run_id: UUID, *, runner_alive: bool) -> str | None:
-    """Return ``recovery_note`` for the run ``flow_run_id`` (read through Prefect's client)."""
+def recovery_note_of(
+    flow_run_id: UUID, *, runner_alive: bool, runner_pid: int | None = None
+) -> str | None:
+    """Return ``recovery_note`` for the run ``flow_run_id`` (read through Prefect's client).
+
+    ``runner_pid`` is the runner serving this state directory: the runs its processes
+    execute are alive, as its watchdog sees them.
+    """
 
     async def read() -> FlowRun:
         async with get_client() as client:
             return await client.read_flow_run(flow_run_id)
 
-    return recovery_note(asyncio.run(read()), runner_alive=runner_alive)
+    alive = flow_runs_alive_here(runner_pid) if runner_alive and runner_pid else set()
+    return recovery_note(asyncio.run(read()), runner_alive=runner_alive, alive=alive)
 
 
-def recovery_note(flow_run: FlowRun, *, runner_alive: bool) -> str | None:
-    """Say whether the system is about to recover ``flow_run``'s campaign, when and why."""
+def recovery_note(
+    flow_run: FlowRun, *, runner_alive: bool, alive: frozenset[str] | set[str] = frozenset()
+) -> str | None:
+    """Say whether the system is about to recover ``flow_run``'s campaign, when and why.
+
+    Only what the watchdog will do is said: it judges the run with the same rules
+    (``orphan_reason``, ``continuation_reason``) and the same runs alive (``alive``).
+    A run whose parameters are not its campaign's registration is never continued,
+    and its campaign is opened from the registration, never from the run.
+    """
     settings = RecoverySettings.from_env(os.environ)
     now = datetime.now(UTC)
+    registered = registered_parameters(flow_run.deployment_id, os.environ)
+    if registered is not None and dict(flow_run.parameters) != registered:
+        return None  # refused by the flow and the watchdog, never continued
     try:
         name, store = campaign_store(flow_run)
     except (UnattendedError, OSError, KeyError):
         return None
     try:
-        reason = orphan_reason(flow_run, store.lease(name), settings, now)
+        lease = store.lease(name)
+        reason = orphan_reason(flow_run, lease, settings, now, alive)
+        due_in = orphan_in(flow_run, lease, settings, now, alive)
         status, code = _status(store, name)
         tally = continuations(store, name)
     finally:
@@ -519,6 +572,12 @@ def recovery_note(flow_run: FlowRun, *, runner_alive: bool) -> str | None:
         who = "no runner is serving: 'unattended serve --detach' continues it"
     if reason is not None:
         return f"orphaned: {reason}; {who}"
+    if due_in is not None and runner_alive:
+        return (
+            "no process of the runner executes it and it holds no lease (forced into its "
+            f"state through the API?): the runner ends it as orphaned in {due_in:.0f} s "
+            "and then continues the campaign"
+        )
     why = continuation_reason(flow_run)
     resumable = status in CONTINUABLE_STATUSES or (status == "failed" and code == TRANSIENT_CODE)
     if why is not None and resumable:

@@ -236,6 +236,61 @@ class TestForcedAnswers:
         assert owner.batches_of_round(2) == 0
 
 
+class TestForcedRunning:
+    def test_a_run_forced_to_running_is_ended_as_orphaned_and_its_campaign_waits_again(
+        self, owner: Owner, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Running with nothing behind it: status says when it ends, the watchdog ends it.
+
+        The run forced out of its suspension into Running has no process and no lease.
+        ``status`` says it will be ended as orphaned once the lease TTL has passed (and
+        says nothing of continuing it "within 2 s" before then); the runner's watchdog,
+        judging by the same rule, crashes it then and continues the campaign, whose new
+        run waits for the same round's approval again: round 2 never ran unapproved.
+        The owner's run is the continued one from here on (the next test approves it).
+        """
+        from datetime import UTC, datetime, timedelta
+
+        from prefect.client.orchestration import get_client
+
+        from flows._prefect import _recovery as recovery
+
+        monkeypatch.setenv("UNATTENDED_HOME", str(owner.home))  # the owner's `status`
+        forced = owner.flow_run_id
+        owner.api(
+            "POST",
+            f"flow_runs/{forced}/set_state",
+            {"state": {"type": "RUNNING"}, "force": True},
+        )
+
+        async def read(run_id: UUID) -> Any:
+            async with get_client() as client:
+                return await client.read_flow_run(run_id)
+
+        run = asyncio.run(read(forced))
+        note = recovery.recovery_note(run, runner_alive=True, alive=set())
+        assert note is not None
+        assert "ends it as orphaned in" in note
+        assert "within" not in note
+        # A process of the runner executing it: nothing to say, nothing to do.
+        assert recovery.recovery_note(run, runner_alive=True, alive={str(forced)}) is None
+
+        ttl = owner.service.watchdog.settings.lease_ttl_seconds
+        early = asyncio.run(owner.service.watchdog.sweep())
+        assert not any(str(forced) in action for action in early)
+        assert owner.state(forced)[0] == "RUNNING"
+        later = datetime.now(UTC) + timedelta(seconds=ttl + 1)
+        done = asyncio.run(owner.service.watchdog.sweep(now=later))
+        assert any(action.startswith(f"crashed {forced}") for action in done), done
+        (continued,) = [a for a in done if a.startswith(f"continued {NAME} as ")]
+        owner.flow_run_id = UUID(continued.split(" as ")[1].split(":")[0])
+        owner.drive()
+        assert owner.state(forced)[0] == "CRASHED"
+        assert owner.state(owner.flow_run_id)[0] == "PAUSED"
+        assert owner.batches_of_round(2) == 0
+        assert not (owner.attacker / "pwned").exists()
+
+
 class TestDeploymentsNotRegistered:
     def test_a_deployment_naming_the_owners_state_directory_is_never_served(
         self, owner: Owner
