@@ -4,8 +4,9 @@ Everything a submission needs is checked here, with no server and no Prefect:
 the spec and the files it names (transcript, policy), the policy's rules (a
 campaign with none must say so: ``allow_no_rules = true``; a rule that asks for
 approval must name who may give it), the site config (no ``<PLACEHOLDER>`` left,
-its backend's package installed), the simulation's program (found, a regular
-file, executable) and the round-0 fallback batch. Every problem found is
+its backend's package installed, no task longer than its allocation's
+walltime by its cost model), the simulation's program (found, a regular file,
+executable) and the round-0 fallback batch. Every problem found is
 returned, each naming the file and the dotted field; :func:`require_valid` raises
 one error listing them all.
 
@@ -78,6 +79,7 @@ def check_campaign(
     site_config, location = _site(loaded, source, site, environment, site_problems)
     if site_config is not None:
         _runnable_site(site_config, location, site_problems)
+        _tasks_fit_walltime(site_config, location, loaded, site_problems)
     rules = 0
     if loaded is not None:
         rules = _rules(loaded, problems)
@@ -271,6 +273,71 @@ def _runnable_site(
                     f"needs the Python package {module!r}, which is not installed here: {install}",
                 )
             )
+
+
+def _allocation_walltime(site: SiteConfig) -> tuple[str, float, str] | None:
+    """Return the shortest allocation the site's work runs in: (field, seconds, as written)."""
+    limits: list[tuple[str, float, str]] = []
+    walltime = site.scheduler.walltime_seconds
+    if walltime is not None:
+        limits.append(("scheduler.walltime", walltime, f'"{site.scheduler.walltime}"'))
+    runtime = getattr(site.backend, "runtime_minutes", None)
+    if getattr(site.backend, "kind", None) == "radical_pilot" and runtime is not None:
+        limits.append(("backend.runtime_minutes", runtime * 60.0, str(runtime)))  # the pilot's
+    return min(limits, key=lambda limit: limit[1]) if limits else None
+
+
+def _tasks_fit_walltime(
+    site: SiteConfig, location: str | None, loaded: LoadedSpec | None, problems: list[Problem]
+) -> None:
+    """Refuse a campaign one of whose tasks is longer than an allocation: none could finish it.
+
+    A task's duration is the site's cost model, as the walltime-aware launcher
+    (``AllocationExecutor.ensure_time``) reads it: ``cost.simulation_seconds``, else
+    ``cost.node_hours_per_simulation`` x 3600; for the verifier (when the spec sets
+    ``objective.verifier_limit``) ``cost.verifier_seconds``, else
+    ``cost.node_hours_per_verifier`` x 3600.
+    """
+    limit = _allocation_walltime(site)
+    if limit is None:
+        return
+    limit_field, walltime, written = limit
+    file = site.source or location or site.name
+    cost = site.cost
+    tasks = [
+        (
+            "simulation",
+            site.batch_seconds(1),
+            "cost.simulation_seconds",
+            cost.simulation_seconds is not None,
+            "cost.node_hours_per_simulation",
+        )
+    ]
+    if loaded is not None and loaded.spec.objective.verifier_limit is not None:
+        tasks.append(
+            (
+                "verifier",
+                site.batch_seconds(0, verifiers=1),
+                "cost.verifier_seconds",
+                cost.verifier_seconds is not None,
+                "cost.node_hours_per_verifier",
+            )
+        )
+    for what, seconds, seconds_field, given, hours_field in tasks:
+        if seconds <= walltime:
+            continue
+        field = seconds_field if given else hours_field
+        source = field if given else f"{field} x 3600, as {seconds_field} is not set"
+        problems.append(
+            Problem.at(
+                file,
+                field,
+                f"one {what} task takes {seconds:.0f} s by the site's cost model ({source}), "
+                f"longer than the allocation's walltime {limit_field} = {written} "
+                f"({walltime:.0f} s): no allocation could finish it; raise {limit_field} or "
+                f"set {seconds_field} to what one {what} task really takes",
+            )
+        )
 
 
 def _simulation(loaded: LoadedSpec, env: Mapping[str, str], problems: list[Problem]) -> None:
