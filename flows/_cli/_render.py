@@ -358,6 +358,7 @@ def print_allocations(console: Console, view: dict[str, Any]) -> None:
         "nodes",
         "node-hours",
         "tasks",
+        "interrupted",
     )
     rows = [
         [
@@ -371,7 +372,8 @@ def print_allocations(console: Console, view: dict[str, Any]) -> None:
             _duration(job["walltime_seconds"]),
             f"{job['node_count']}" + (f" ({', '.join(job['nodes'])})" if job["nodes"] else ""),
             f"{job['node_hours']:.4f}",
-            f"{job['tasks']} ({job['done']} done, {job['interrupted']} interrupted)",
+            job["tasks"],
+            job["interrupted"],
         ]
         for job in view["allocations"]
     ]

@@ -160,7 +160,7 @@ class TestInspectAllocations:
             assert cell in line
         assert "2 (n1, n2)" in line
         assert "2.0000" in line
-        assert "2 (1 done, 1 interrupted)" in line
+        assert line.replace(" ", "").endswith("│2│1│")  # tasks, of which interrupted
         assert "Total: 2 allocation request(s), 3 job(s), 2.5000 node-hours charged" in out
 
     def test_a_job_still_open_is_charged_up_to_its_planned_end(
