@@ -12,6 +12,7 @@ import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -218,6 +219,28 @@ class TestInspectAllocations:
         assert code == 2
         assert err.count("\n") == 1
         assert "'nobody'" in err
+
+
+class TestOnEachDatabase:
+    def test_the_view_reads_the_same_on_sqlite_and_postgresql(
+        self, store: Any, db_url: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``--db`` with a campaign directory reads SQLite with the stdlib; a URL the full store."""
+        store.ensure_campaign("slurmy", spec={}, site="slurm-local", seed=1, code_version="t")
+        store.record_allocations("slurmy", JOBS)
+        store.record_batch_launched(
+            "b", campaign="slurmy", round_index=0, candidates=[[0.1]], backend="dask"
+        )
+        store.record_batch_results("b", [_result(0, "interrupted", "101")])
+        code, out, _ = _run(capsys, "inspect", "slurmy", "--allocations", "--json", "--db", db_url)
+        assert code == 0
+        view = json.loads(out)
+        assert [(j["job_id"], j["tasks"], j["interrupted"]) for j in view["allocations"]] == [
+            ("101", 1, 1),
+            ("102", 0, 0),
+            ("103", 0, 0),
+        ]
+        assert view["totals"]["node_hours"] == pytest.approx(2.5)
 
 
 class TestRoundShowsJobs:
