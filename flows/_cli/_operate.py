@@ -1,6 +1,8 @@
-"""``unattended cancel NAME`` and ``unattended up``: stop a campaign; bring back what is missing.
+"""``unattended cancel|delete NAME`` and ``unattended up``: stop or remove a campaign; recover.
 
-``cancel`` stops a campaign cleanly and records it (``flows._prefect._cancel``).
+``cancel`` stops a campaign cleanly and records it (``flows._prefect._endings``).
+``delete`` removes a campaign's deployment, flow runs and registration, keeping its
+provenance unless ``--purge`` (``flows._prefect._delete``); it asks first.
 ``up`` is the one idempotent command for cron or scrontab: it starts the local
 Prefect server when none answers, then the runner when none serves this state
 directory, and does nothing when both are up (exit 0 in every case).
@@ -40,6 +42,29 @@ def register(subparsers: Any) -> None:
         "(default 60)",
     )
     cancel.set_defaults(handler=_cancel)
+
+    delete = subparsers.add_parser(
+        "delete",
+        help="remove a campaign's deployment, flow runs and registration (provenance kept)",
+        description=(
+            "Remove campaign NAME's Prefect deployment and all its flow runs from the server, "
+            "and its registration in this state directory, so the runner no longer serves it. "
+            "Its provenance is kept (a 'deleted' event is recorded) and 'inspect' still reads "
+            "it; 'submit' of its spec later continues it from that record. With --purge the "
+            "provenance is removed too (its rows in one transaction, and the campaign's folder) "
+            "and a later 'submit' starts afresh. A campaign with an active run is refused: "
+            "'unattended cancel NAME' first. Asks you to type the name unless --yes; without a "
+            "terminal and without --yes it refuses (exit 2)."
+        ),
+    )
+    delete.add_argument("campaign", metavar="NAME", help="the campaign's name")
+    delete.add_argument(
+        "--purge",
+        action="store_true",
+        help="remove the campaign's provenance too (its record and its folder)",
+    )
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(handler=_delete)
 
     up = subparsers.add_parser(
         "up",
@@ -98,6 +123,64 @@ def _cancel(args: argparse.Namespace) -> int:
     elif outcome.status is not None:
         code = f" ({outcome.error_code})" if outcome.error_code else ""
         print(f"campaign {name} had already ended: {outcome.status}{code}; nothing recorded")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from flows._cli._exit import fail
+    from flows._prefect._connect import connect
+
+    connect(start=False)
+    from flows._prefect._delete import delete_campaign, plan_delete
+
+    plan = asyncio.run(plan_delete(args.campaign))
+    name = plan.name
+    if not args.yes:
+        if not sys.stdin.isatty():
+            return fail(
+                f"not deleting campaign {name}: no terminal to ask for confirmation on; "
+                "pass --yes to delete without asking"
+            )
+        record = (
+            f"and its provenance ({plan.provenance}) and folder"
+            if args.purge
+            else f"(its provenance in {plan.provenance} is kept)"
+        )
+        print(
+            f"this removes campaign {name}'s deployment {plan.registration.deployment_name}, its "
+            f"{len(plan.runs)} flow run(s) and its registration {record}"
+        )
+        typed = input(f"type the campaign's name ({name}) to delete it: ")
+        if typed.strip() != name:
+            return fail(f"the name typed is not {name!r}; nothing was deleted")
+    outcome = asyncio.run(delete_campaign(plan, purge=args.purge, actor=getpass.getuser()))
+    deployment = (
+        f"its deployment {plan.registration.deployment_name}"
+        if outcome.deployment_deleted
+        else "(its deployment was already gone)"
+    )
+    print(
+        f"deleted campaign {name}: {deployment} and {outcome.runs_deleted} flow run(s) removed "
+        "from the Prefect server; its registration removed (the runner no longer serves it)"
+    )
+    if outcome.rows_purged is not None:
+        folder = f" and its folder {outcome.folder_removed}" if outcome.folder_removed else ""
+        print(
+            f"provenance purged: {outcome.rows_purged} row(s) removed from {plan.provenance}"
+            f"{folder}; 'unattended submit' of its spec starts it afresh"
+        )
+    else:
+        event = (
+            "a 'deleted' event recorded"
+            if outcome.event_recorded
+            else "nothing recorded: it has no record yet"
+        )
+        print(
+            f"provenance kept in {plan.provenance} ({event}); 'unattended inspect {name}' "
+            "reads it, and 'unattended submit' of its spec continues it from that record"
+        )
     return 0
 
 

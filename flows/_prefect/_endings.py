@@ -57,7 +57,8 @@ FENCED_PREFIX = "fenced out"
 # The message Prefect's runner puts on the runs it cancels when it stops.
 SHUTDOWN_MESSAGE = "Runner is shutting down."
 STILL_GOING = frozenset({"running", "awaiting_approval"})
-_ACTIVE = {
+# The run state types of a run that is not over (a cancel stops them; a delete refuses them).
+ACTIVE_TYPES = {
     StateType.SCHEDULED,
     StateType.PENDING,
     StateType.RUNNING,
@@ -199,7 +200,7 @@ def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> boo
     return True
 
 
-def _registered_store(params: dict[str, Any]) -> tuple[str, ProvenanceStore]:
+def registered_store(params: dict[str, Any]) -> tuple[str, ProvenanceStore]:
     """Open the provenance store of the campaign the owner registered with ``params``."""
     from flows._engine._direct import open_store
     from flows._spec import load_campaign
@@ -222,8 +223,9 @@ async def _runs(client: Any, deployment_id: Any) -> list[FlowRun]:
     return runs
 
 
-def _active(runs: list[FlowRun]) -> list[FlowRun]:
-    return [r for r in runs if r.state is not None and r.state.type in _ACTIVE]
+def still_active(runs: list[FlowRun]) -> list[FlowRun]:
+    """Return the runs that are not over (``ACTIVE_TYPES``)."""
+    return [r for r in runs if r.state is not None and r.state.type in ACTIVE_TYPES]
 
 
 async def cancel_campaign(
@@ -255,10 +257,10 @@ async def cancel_campaign(
         )
     deployment_id = UUID(registration.deployment_id)
     outcome = CancelOutcome(name)
-    campaign, store = _registered_store(registration.parameters)
+    campaign, store = registered_store(registration.parameters)
     async with get_client() as client:
         try:
-            active = _active(await _runs(client, deployment_id))
+            active = still_active(await _runs(client, deployment_id))
             message = f"cancelled by {actor} with 'unattended cancel'"
             for run in active:
                 store.record_event(campaign, CANCEL_REQUESTED, flow_run_id=str(run.id), actor=actor)
@@ -268,7 +270,7 @@ async def cancel_campaign(
                 say(f"asked Prefect to cancel {len(active)} run(s) of {campaign}")
             deadline = time.monotonic() + (wait_seconds if runner_serves else 0.0)
             while True:
-                still = _active(await _runs(client, deployment_id))
+                still = still_active(await _runs(client, deployment_id))
                 if not still or time.monotonic() >= deadline:
                     break
                 await asyncio.sleep(0.5)
