@@ -154,7 +154,8 @@ def _rules(loaded: LoadedSpec, problems: list[Problem]) -> int:
     except SpecInvalid:
         return 0  # the broken policy file is reported already (read_campaign)
     count = len(policy.rules) if policy is not None else 0
-    if policy is not None and policy_file is not None:
+    # The campaign's approvers answer for rules that name nobody.
+    if policy is not None and policy_file is not None and not spec.approvals.approvers:
         _answerable(policy, policy_file, problems)
     if count == 0 and not spec.allow_no_rules:
         what = f"{policy_file} has no rules" if policy_file else "no policy file is given"
@@ -172,9 +173,10 @@ def _rules(loaded: LoadedSpec, problems: list[Problem]) -> int:
 def _answerable(policy: Policy, policy_file: Path, problems: list[Problem]) -> None:
     """Refuse a rule that would ask for approval with nobody allowed to give it.
 
-    The policy asks only a rule's own ``approvers``: a rule without any retries the
-    round instead of asking, until the policy's retries run out and the campaign
-    stops blocked. (The spec's ``[approvals] approvers`` are not consulted for it.)
+    The policy asks a rule's own ``approvers``, else the spec's ``[approvals]
+    approvers`` (checked by the caller); with neither, the rule retries the round
+    instead of asking, until the policy's retries run out and the campaign stops
+    blocked.
     """
     escalates_to_ask = policy.escalate_to is Severity.ASK
     for rule in policy.rules:
@@ -192,7 +194,8 @@ def _answerable(policy: Policy, policy_file: Path, problems: list[Problem]) -> N
                 f"rules.{rule.name}.approvers",
                 f"rule {rule.name!r} {how} but names no approvers, so nobody may answer: "
                 "the round would be retried until the policy's retries run out and the "
-                'campaign stop blocked; add approvers = ["NAME", ...] to the rule',
+                'campaign stop blocked; add approvers = ["NAME", ...] to the rule, or '
+                "the campaign's [approvals] approvers to the spec",
             )
         )
 

@@ -384,6 +384,7 @@ class _Replayer:
             walltime_remaining=None,
             earlier_decisions=tuple(self.counters.decisions),
             can_suspend=self.result.can_suspend,
+            default_approvers=tuple(self.spec.approvals.approvers),
         )
 
     def _assimilate(self, index: int, launch: tuple[list[list[float]], str]) -> None:

@@ -54,6 +54,13 @@ class RoundContext(BaseModel):
     failed_last_batch: int = Field(
         default=0, ge=0, description="Tasks of the previous round's batch that did not finish."
     )
+    default_approvers: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Who may approve for an ASK rule that names no approvers of its own "
+            "(the campaign's [approvals] approvers)."
+        ),
+    )
 
 
 def proposal_key(candidates: Sequence[Sequence[float]]) -> str:

@@ -258,12 +258,18 @@ class Policy:
         )
 
     def _ask(self, rule: Rule, reason: str, ctx: RoundContext) -> tuple[Outcome, Effect, Severity]:
-        """Return what an ASK does: suspend, escalate if the run can't pause, or retry."""
-        if not rule.approvers:
+        """Return what an ASK does: suspend, escalate if the run can't pause, or retry.
+
+        The rule's own approvers decide; a rule naming none is answered by the
+        campaign's (``ctx.default_approvers``); with neither, nobody may answer and the
+        proposal is refused instead.
+        """
+        approvers = rule.approvers or ctx.default_approvers
+        if not approvers:
             return Retry(reason), "retry", Severity.PERSISTENT_BLOCK
         if not ctx.can_suspend:
-            return Escalate(reason, rule.approvers), "escalate", Severity.ASK
-        return Suspend(reason, rule.approvers, rule.require_proof), "suspend", Severity.ASK
+            return Escalate(reason, approvers), "escalate", Severity.ASK
+        return Suspend(reason, approvers, rule.require_proof), "suspend", Severity.ASK
 
     def _act(self, rule: Rule, detail: str, ctx: RoundContext, index: int) -> _Act:
         """Apply a fired rule's severity, updating counters, pointers and the latch."""

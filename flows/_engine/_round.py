@@ -485,6 +485,7 @@ class CampaignEngine:
             earlier_decisions=tuple(self.counters.decisions),
             can_suspend=self.hooks.suspend is not None,
             failed_last_batch=self.counters.failed_last_batch,
+            default_approvers=tuple(spec.approvals.approvers),
         )
 
     def _walltime_remaining(self) -> float | None:

@@ -140,12 +140,22 @@ class TestCheckRefusesWhatCannotRun:
     ) -> None:
         policy = demo / "policy.toml"
         policy.write_text(policy.read_text() + ASK_RULE)
+        edit(demo / "campaign.toml", 'approvers = ["alice", "bob"]\n', "")
 
         assert main(["check", str(demo / "campaign.toml")]) == 2
 
         err = capsys.readouterr().err
         assert f"error: {policy}: field 'rules.review.approvers': rule 'review' asks" in err
         assert "names no approvers, so nobody may answer" in err
+
+    def test_an_ask_rule_without_its_own_is_answered_by_the_campaign_s_approvers(
+        self, demo: Path
+    ) -> None:
+        policy = demo / "policy.toml"
+        policy.write_text(policy.read_text() + ASK_RULE)
+        assert 'approvers = ["alice", "bob"]' in (demo / "campaign.toml").read_text()
+        report = check_campaign(demo / "campaign.toml", env={})
+        assert report.checked is not None, report.problems
 
     def test_an_ask_rule_with_approvers_passes(self, demo: Path) -> None:
         policy = demo / "policy.toml"

@@ -93,6 +93,21 @@ class TestAsk:
         decision = Policy([rule(severity=Severity.ASK)]).evaluate(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Retry)
 
+    def test_without_approvers_of_its_own_the_campaign_s_approvers_answer(
+        self, make_ctx: MakeContext
+    ) -> None:
+        policy = Policy([rule(severity=Severity.ASK, require_proof=True)])
+        decision = policy.evaluate(make_ctx(node_hours=5.0, default_approvers=("carol",)))
+        assert decision.outcome == Suspend(decision.outcome.reason, ("carol",), True)
+
+    def test_the_rule_s_own_approvers_come_before_the_campaign_s(
+        self, make_ctx: MakeContext
+    ) -> None:
+        policy = Policy([rule(severity=Severity.ASK, approvers=("alice",))])
+        decision = policy.evaluate(make_ctx(node_hours=5.0, default_approvers=("carol",)))
+        assert isinstance(decision.outcome, Suspend)
+        assert decision.outcome.approvers == ("alice",)
+
     def test_escalates_when_the_run_cannot_suspend(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(severity=Severity.ASK, approvers=("alice",))])
         decision = policy.evaluate(make_ctx(node_hours=5.0, can_suspend=False))
