@@ -13,6 +13,8 @@ from typing import Any
 
 from policies import SpecInvalid
 
+_JSON_HELP = "print one JSON document on stdout instead of text (errors stay on stderr)"
+
 
 def register(subparsers: Any) -> None:
     """Add the campaign commands to the CLI."""
@@ -29,6 +31,11 @@ def register(subparsers: Any) -> None:
         ),
     )
     _spec_and_site(check)
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON document: {"ok": true, ...} or {"ok": false, "errors": [...]}',
+    )
     check.set_defaults(handler=_check)
 
     run = subparsers.add_parser(
@@ -80,9 +87,11 @@ def register(subparsers: Any) -> None:
 
     status = subparsers.add_parser("status", help="list campaign runs, or show one")
     status.add_argument("run", nargs="?", help="a flow run id, or a campaign name (its newest run)")
+    status.add_argument("--json", action="store_true", help=_JSON_HELP)
     status.set_defaults(handler=_status)
 
     approvals = subparsers.add_parser("approvals", help="list runs waiting for approval")
+    approvals.add_argument("--json", action="store_true", help=_JSON_HELP)
     approvals.set_defaults(handler=_approvals)
 
     approve = subparsers.add_parser(
@@ -136,6 +145,8 @@ def _check(args: argparse.Namespace) -> int:
     from flows._check import check_campaign
     from flows._cli._exit import EXIT_BAD_INPUT
 
+    if args.json:
+        return _check_json(args)
     report = check_campaign(args.spec, args.site, os.environ)
     if report.checked is None:
         for problem in report.problems:
@@ -148,6 +159,60 @@ def _check(args: argparse.Namespace) -> int:
     print(
         f"ok: campaign {spec.name}: {spec.rounds} round(s) of {spec.batch_size} on site "
         f"{checked.site.name}, {rules}; the simulation and the first fallback batch check out"
+    )
+    return 0
+
+
+def _check_json(args: argparse.Namespace) -> int:
+    """``check --json``: the verdict as one JSON document, the exit status as without it."""
+    import os
+
+    from flows._check import check_campaign
+    from flows._cli._exit import EXIT_BAD_INPUT, exit_code_for
+    from flows._cli._service import print_json
+    from policies import UnattendedError
+
+    try:
+        report = check_campaign(args.spec, args.site, os.environ)
+    except UnattendedError as exc:  # what check could not even look at: one error, still JSON
+        details = exc.details or {}
+        print_json(
+            {
+                "ok": False,
+                "code": exc.code,
+                "errors": [
+                    {
+                        "file": details.get("file"),
+                        "field": details.get("field"),
+                        "message": exc.message,
+                    }
+                ],
+            }
+        )
+        return exit_code_for(exc)
+    if report.checked is None:
+        print_json(
+            {
+                "ok": False,
+                "code": "site_invalid" if report.site_only else "spec_invalid",
+                "errors": [
+                    {"file": p.file, "field": p.field, "message": p.text} for p in report.problems
+                ],
+            }
+        )
+        return EXIT_BAD_INPUT
+    checked = report.checked
+    spec = checked.loaded.spec
+    print_json(
+        {
+            "ok": True,
+            "campaign": spec.name,
+            "spec": str(checked.loaded.path),
+            "rounds": spec.rounds,
+            "batch_size": spec.batch_size,
+            "site": checked.site.name,
+            "policy_rules": checked.rules,
+        }
     )
     return 0
 
@@ -202,8 +267,8 @@ def _status(args: argparse.Namespace) -> int:
     from flows._cli._service import show_run, show_runs
 
     if not args.run:
-        return show_runs()
-    return show_run(_run_of(args.run))
+        return show_runs(as_json=args.json)
+    return show_run(_run_of(args.run), as_json=args.json)
 
 
 def _run_of(given: str) -> str:
@@ -247,7 +312,7 @@ def _run_of(given: str) -> str:
 def _approvals(args: argparse.Namespace) -> int:
     from flows._cli._service import show_approvals
 
-    return show_approvals()
+    return show_approvals(as_json=args.json)
 
 
 def _approve(args: argparse.Namespace) -> int:

@@ -393,13 +393,18 @@ def _pause_key(flow_run: FlowRun) -> str:
     return (state.state_details.pause_key if state else None) or ""
 
 
-def _print_how_to_approve(flow_run_id: UUID, parameters: Mapping[str, Any], pause_key: str) -> None:
+def _pending_or_none(parameters: Mapping[str, Any], pause_key: str) -> PendingApproval | None:
+    """Return what a waiting run asks for, or None when its provenance cannot tell."""
     from flows._prefect._pending import describe_pending
 
     try:
-        pending = describe_pending(parameters, pause_key, os.environ)
+        return describe_pending(parameters, pause_key, os.environ)
     except Exception:  # noqa: BLE001  # the hint is best effort; the run state is what matters
-        pending = None
+        return None
+
+
+def _print_how_to_approve(flow_run_id: UUID, parameters: Mapping[str, Any], pause_key: str) -> None:
+    pending = _pending_or_none(parameters, pause_key)
     print("  the campaign waits for approval")
     if pending is not None:
         print(f"  rule: {pending.rule}; approvers: {', '.join(pending.approvers) or '-'}")
@@ -415,23 +420,30 @@ def _print_how_to_approve(flow_run_id: UUID, parameters: Mapping[str, Any], paus
 # importing Prefect's client alone costs about a second.
 
 
-def show_runs() -> int:
-    """List recent campaign runs."""
+def show_runs(*, as_json: bool = False) -> int:
+    """List recent campaign runs (as one JSON document with ``as_json``)."""
     connect(start=False)
     from flows._prefect import _rest as rest
 
     # Only this state directory's campaigns: another user's runs (one server, the same
     # campaign names, perhaps) are theirs to see.
     found = [run for run in rest.filter_runs(os.environ) if _registered(run) is not None]
-    if not found:
-        print("no campaign runs")
     seen: set[str] = set()
+    listed: list[tuple[RunView, str | None]] = []
     for run in found:
-        print(f"{run.id}  {run.campaign:<24} {run.state_name:<12} {_run_link(run.id)}")
         newest = run.campaign not in seen
         seen.add(run.campaign)
-        if newest or run.state_type in {"RUNNING", "PENDING"}:
-            _print_recovery(run)
+        note = _recovery(run) if newest or run.state_type in {"RUNNING", "PENDING"} else None
+        listed.append((run, note))
+    if as_json:
+        print_json({"runs": [_run_json(run, note) for run, note in listed]})
+        return 0
+    if not found:
+        print("no campaign runs")
+    for run, note in listed:
+        print(f"{run.id}  {run.campaign:<24} {run.state_name:<12} {_run_link(run.id)}")
+        if note:
+            print(f"  {note}")
     return 0
 
 
@@ -440,38 +452,93 @@ def show_runs() -> int:
 _RECOVERABLE_STATES = frozenset({"RUNNING", "PENDING", "CRASHED", "CANCELLED", "FAILED"})
 
 
-def _print_recovery(run: RunView) -> None:
+def _recovery(run: RunView) -> str | None:
     """Say when and why the watchdog is about to recover this run's campaign, if it is."""
     if run.state_type not in _RECOVERABLE_STATES:
-        return
+        return None
     # The watchdog recovers the campaigns registered in its own state directory only, so
     # a run of another state directory (another user's, say) gets no note here either.
     if _registered(run) is None:
-        return
+        return None
     from flows._prefect._recovery import recovery_note_of
 
-    alive = runner_alive()
-    note = recovery_note_of(run.id, runner_alive=alive, runner_pid=_runner_pid() if alive else None)
-    if note:
-        print(f"  {note}")
+    return recovery_note_of(run.id, runner_alive=runner_alive()) or None
 
 
-def show_run(run: str) -> int:
+def print_json(document: Mapping[str, Any]) -> None:
+    """Print ``document`` as the command's only output (``--json``): stable keys, ISO times."""
+    import json
+
+    print(json.dumps(document, indent=2, default=_json_value))
+
+
+def _json_value(value: object) -> object:
+    from datetime import datetime
+
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _run_json(run: RunView, recovery: str | None) -> dict[str, Any]:
+    """Return what ``status`` shows of a run, as JSON."""
+    return {
+        "id": str(run.id),
+        "name": run.name,
+        "campaign": run.campaign,
+        "state_type": run.state_type,
+        "state": run.state_name,
+        "message": run.state_message or None,
+        "ui_url": _run_link(run.id),
+        "recovery": recovery,
+    }
+
+
+def _approval_json(run: RunView, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Return what a waiting run asks for, and how to answer, as JSON (unknown fields null)."""
+    pending = _pending_or_none(parameters, run.pause_key)
+    return {
+        "flow_run_id": str(run.id),
+        "campaign": pending.campaign if pending else run.campaign,
+        "key": pending.key if pending else None,
+        "rule": pending.rule if pending else None,
+        "approvers": pending.approvers if pending else [],
+        "requested_at": pending.requested_at if pending else None,
+        "deadline": pending.deadline if pending else None,
+        "on_timeout": pending.on_timeout if pending else None,
+        "ui_url": _run_link(run.id),
+        "approve": f"unattended approve {run.id} --as NAME",
+    }
+
+
+def show_run(run: str, *, as_json: bool = False) -> int:
     """Show one run's state and, when it waits, how to approve it."""
     connect(start=False)
     from flows._prefect import _rest as rest
 
     found = rest.read_run(os.environ, _parse_id(run))
+    note = _recovery(found)
+    queue = _queue_line(found) if found.state_type == "RUNNING" else ""
+    registered = _registered(found)
+    if as_json:
+        document = _run_json(found, note)
+        document["queue"] = queue or None
+        document["ours"] = registered is not None
+        document["approval"] = (
+            _approval_json(found, registered) if registered is not None and found.paused else None
+        )
+        print_json(document)
+        return 0
     print(f"flow run {found.id} ({found.name}): {found.state_name}")
     if found.state_message:
         print(f"  {found.state_message}")
-    _print_recovery(found)
+    if note:
+        print(f"  {note}")
     print(f"  UI: {_run_link(found.id)}")
-    if found.state_type == "RUNNING":
-        queue = _queue_line(found)
-        if queue:
-            print(f"  {queue}")
-    registered = _registered(found)
+    if queue:
+        print(f"  {queue}")
     if registered is None:
         print(
             f"  not a campaign of this state directory ({state_dir_from(None, os.environ)}): "
@@ -503,7 +570,7 @@ def _queue_line(flow_run: Any) -> str:
         store.close()
 
 
-def show_approvals() -> int:
+def show_approvals(*, as_json: bool = False) -> int:
     """List every run that waits for an approval, with how to answer."""
     connect(start=False)
     from flows._prefect import _rest as rest
@@ -511,6 +578,9 @@ def show_approvals() -> int:
     runs = rest.filter_runs(os.environ, state_types=["PAUSED"], limit=200)
     owned = [(found, _registered(found)) for found in runs]
     waiting = [(found, params) for found, params in owned if params is not None]
+    if as_json:
+        print_json({"approvals": [_approval_json(found, params) for found, params in waiting]})
+        return 0
     if not waiting:
         print("no approvals pending")
     for found, params in waiting:
