@@ -20,7 +20,6 @@ cancel NAME`` stops it first, and records how it ended.
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +32,9 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound
 
-from flows._engine._registration import Registration, read_registration, registration_path
-from flows._paths import campaign_dir, state_dir_from
-from flows._prefect._endings import registered_store, still_active
+from flows._engine._registration import Registration, registration_path
+from flows._paths import campaign_dir
+from flows._prefect._endings import registered_store, registration_of, still_active
 from flows._provenance import ProvenanceStore
 from policies import NotFound, ValidationFailed
 
@@ -91,13 +90,7 @@ async def plan_delete(name: str) -> DeletePlan:
         NotFound: no campaign of that name was submitted from this state directory.
         ValidationFailed: a run of the campaign is not over.
     """
-    home = state_dir_from(None, os.environ)
-    registration = read_registration(home, name)
-    if registration is None:
-        raise NotFound(
-            f"no campaign named {name!r} was submitted from this state directory ({home})",
-            details={"campaign": name, "state_dir": str(home)},
-        )
+    home, registration = registration_of(name)
     plan = DeletePlan(name, home, registration)
     deployment_id = UUID(registration.deployment_id)
     async with get_client() as client:

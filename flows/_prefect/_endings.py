@@ -33,7 +33,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
@@ -45,6 +46,9 @@ from prefect.states import Cancelled, Cancelling
 from flows._paths import state_dir_from
 from flows._provenance import ProvenanceStore
 from policies import NotFound, UnattendedError, classify
+
+if TYPE_CHECKING:
+    from flows._engine._registration import Registration
 
 _log = logging.getLogger(__name__)
 
@@ -223,6 +227,26 @@ async def _runs(client: Any, deployment_id: Any) -> list[FlowRun]:
     return runs
 
 
+def registration_of(name: str) -> tuple[Path, Registration]:
+    """Return this state directory and campaign ``name``'s registration in it.
+
+    The owner's registration, never a deployment's parameters, says where the campaign is.
+
+    Raises:
+        NotFound: no campaign of that name was submitted from this state directory.
+    """
+    from flows._engine._registration import read_registration
+
+    home = state_dir_from(None, os.environ)
+    registration = read_registration(home, name)
+    if registration is None:
+        raise NotFound(
+            f"no campaign named {name!r} was submitted from this state directory ({home})",
+            details={"campaign": name, "state_dir": str(home)},
+        )
+    return home, registration
+
+
 def still_active(runs: list[FlowRun]) -> list[FlowRun]:
     """Return the runs that are not over (``ACTIVE_TYPES``)."""
     return [r for r in runs if r.state is not None and r.state.type in ACTIVE_TYPES]
@@ -245,16 +269,7 @@ async def cancel_campaign(
     Raises:
         NotFound: no campaign of that name was submitted from this state directory.
     """
-    # The owner's registration, never a deployment's parameters, says where the campaign is.
-    from flows._engine._registration import read_registration
-
-    home = state_dir_from(None, os.environ)
-    registration = read_registration(home, name)
-    if registration is None:
-        raise NotFound(
-            f"no campaign named {name!r} was submitted from this state directory ({home})",
-            details={"campaign": name, "state_dir": str(home)},
-        )
+    _home, registration = registration_of(name)
     deployment_id = UUID(registration.deployment_id)
     outcome = CancelOutcome(name)
     campaign, store = registered_store(registration.parameters)
