@@ -185,6 +185,50 @@ class TestDeleteKeepsTheRecord:
         assert "Traceback" not in unknown.stderr
 
 
+class TestDeleteWhileTheRunnerServes:
+    def test_the_runner_serving_meanwhile_runs_the_campaign_submitted_again(
+        self, campaign: Campaign
+    ) -> None:
+        served = campaign.cli("serve", "--detach", "--query-seconds", "0.5")
+        assert served.returncode == 0, served.stderr
+        try:
+            campaign.submit_with_the_cli()
+            wait_for(lambda: ended(campaign.deployment_id()), "the first run to end")
+            old = campaign.deployment_id()
+
+            deleted = campaign.cli("delete", campaign.name, "--purge", "--yes")
+            assert deleted.returncode == 0, deleted.stderr
+            assert not deployment_exists(old)
+
+            campaign.submit_with_the_cli()
+            new = campaign.deployment_id()
+            assert new != old
+            (run,) = wait_for(lambda: ended(new), "the new run to end")
+            assert run["state"]["type"] == "COMPLETED", run["state"]
+            assert campaign.rows("SELECT status FROM campaign") == [("completed",)]
+            # The runner still knew the deleted deployment: nothing of it went wrong.
+            assert "Traceback" not in (campaign.home / "runner.log").read_text()
+        finally:
+            campaign.cli("serve", "--stop")
+
+
+def ended(deployment_id: str) -> list[dict[str, Any]]:
+    """Return the deployment's runs once every one has ended (else an empty list)."""
+    runs = runs_of(deployment_id)
+    over = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+    return runs if runs and all(r["state"]["type"] in over for r in runs) else []
+
+
+def wait_for(condition: Any, what: str, timeout: float = 150.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 class TestDeletePurge:
     def test_purge_removes_the_record_and_a_new_submission_starts_afresh(
         self, campaign: Campaign
