@@ -2,7 +2,9 @@
 
 A rejection (``Rejected``, or a pydantic ``ValidationError``) is recorded and,
 while attempts remain, answered with a new attempt. Anything else a producer, a
-check, a score or the fallback raises is a failure and propagates at once.
+check, a score or the fallback raises is a failure and propagates at once; when a
+check fails, the attempt it ended (``failed_by`` the check) is handed to
+``on_failed_attempt`` first, so the caller can record it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ Producer = Callable[[tuple[Attempt[T], ...]], "T | Awaitable[T]"]
 Check = Callable[[T], "Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None"]
 Score = Callable[[T], "float | Awaitable[float]"]
 Fallback = Callable[[], "T | Awaitable[T]"]
+#: Given the attempt a failing check ended, before the failure propagates; sync or async.
+FailedAttemptHook = Callable[[Attempt[T]], "Awaitable[None] | None"]
 
 _perf = time.perf_counter
 
@@ -51,6 +55,18 @@ def validation_reason(exc: ValidationError) -> str:
     return "; ".join(parts) or "invalid value"
 
 
+def _failure_reason(exc: Exception) -> str:
+    """Describe a check's failure: its message (errors here name codes and ids, not values)."""
+    message = getattr(exc, "message", None) or str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _details_of(exc: Exception) -> Mapping[str, Any] | None:
+    """Return what a failing check's error says it did (its ``details`` mapping), if any."""
+    details = getattr(exc, "details", None)
+    return details if isinstance(details, Mapping) else None
+
+
 async def accept(
     producer: Producer[T],
     *,
@@ -59,6 +75,7 @@ async def accept(
     fallback: Fallback[T] | None = None,
     name: str,
     scores: Sequence[Score[T]] = (),
+    on_failed_attempt: FailedAttemptHook[T] | None = None,
 ) -> Outcome[T]:
     """Ask ``producer`` for a value until one passes every check, within ``attempts``.
 
@@ -76,6 +93,9 @@ async def accept(
         name: Names the gate in telemetry and errors.
         scores: Soft signals run on a value that passed every check; recorded
             on the attempt under the function's name, never gating.
+        on_failed_attempt: Called with the attempt a check failed (raised anything
+            but a rejection): ``failed_by`` names the check, ``reason`` and the
+            verdict's ``details`` come from the error. The error then propagates.
 
     Returns:
         The ``Outcome``: the value, ``"accepted"`` or ``"fallback"``, every attempt.
@@ -83,7 +103,8 @@ async def accept(
     Raises:
         NotAccepted: Every attempt was rejected and there is no fallback.
         ValueError: ``attempts`` is below 1.
-        Exception: Whatever a producer, check, score or fallback raised as a failure.
+        Exception: Whatever a producer, check, score or fallback raised as a failure
+            (after ``on_failed_attempt`` for a check's).
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
@@ -94,7 +115,13 @@ async def accept(
     with telemetry.gate_span() as gate:
         for number in range(1, attempts + 1):
             attempt = await _attempt(
-                producer, named_checks, named_scores, number, tuple(history), telemetry
+                producer,
+                named_checks,
+                named_scores,
+                number,
+                tuple(history),
+                telemetry,
+                on_failed_attempt,
             )
             history.append(attempt)
             if attempt.rejected_by is None:
@@ -117,6 +144,7 @@ async def _attempt(
     number: int,
     previous: tuple[Attempt[T], ...],
     telemetry: GateTelemetry,
+    on_failed_attempt: FailedAttemptHook[T] | None = None,
 ) -> Attempt[T]:
     """Run one attempt under its own span and return its record."""
     with telemetry.attempt_span(number) as span:
@@ -129,6 +157,8 @@ async def _attempt(
             reason: str,
             since: float,
             details: Mapping[str, Any] | None = None,
+            *,
+            failed: bool = False,
         ) -> Attempt[T]:
             now = _perf()
             verdicts.append(Verdict(stage, False, reason, now - since, details))
@@ -137,7 +167,8 @@ async def _attempt(
             return Attempt.model_construct(
                 number=number,
                 value=value,
-                rejected_by=stage,
+                rejected_by=None if failed else stage,
+                failed_by=stage if failed else None,
                 reason=reason,
                 scores={},
                 verdicts=tuple(verdicts),
@@ -161,6 +192,18 @@ async def _attempt(
                 return rejected(value, exc.check or check_name, exc.reason, since, exc.details)
             except ValidationError as exc:
                 return rejected(value, check_name, validation_reason(exc), since)
+            except Exception as exc:
+                if on_failed_attempt is not None:
+                    failed = rejected(
+                        value,
+                        check_name,
+                        _failure_reason(exc),
+                        since,
+                        _details_of(exc),
+                        failed=True,
+                    )
+                    await _call(on_failed_attempt, failed)
+                raise
             details = said if isinstance(said, Mapping) else None
             verdicts.append(Verdict(check_name, True, None, _perf() - since, details))
             span.evaluation(check_name, passed=True, reason=None, value=value)
@@ -174,6 +217,7 @@ async def _attempt(
             number=number,
             value=value,
             rejected_by=None,
+            failed_by=None,
             reason=None,
             scores=recorded,
             verdicts=tuple(verdicts),

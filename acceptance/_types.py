@@ -1,9 +1,10 @@
 """The gate's records and its two exceptions.
 
 ``Rejected`` is how a producer or a check says "not acceptable"; it is not a
-failure. ``NotAccepted`` is raised when the attempts run out and there is no
-fallback. ``Attempt`` and ``Outcome`` are immutable and serialise to JSON, since
-they are stored as provenance.
+failure. An attempt whose check failed (raised anything else) is recorded with
+``failed_by``, never as a rejection. ``NotAccepted`` is raised when the attempts
+run out and there is no fallback. ``Attempt`` and ``Outcome`` are immutable and
+serialise to JSON, since they are stored as provenance.
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ class Attempt(BaseModel, Generic[T]):
     rejected_by: str | None = Field(
         default=None, description="The check or stage; None if accepted."
     )
-    reason: str | None = Field(default=None, description="Why it was rejected; None if accepted.")
+    failed_by: str | None = Field(
+        default=None,
+        description="The check that failed (raised an error, not a rejection); None otherwise.",
+    )
+    reason: str | None = Field(
+        default=None, description="Why it was rejected or failed; None if accepted."
+    )
     scores: dict[str, float] = Field(
         default_factory=dict, description="Soft signals, recorded and never gating."
     )
@@ -82,8 +89,8 @@ class Attempt(BaseModel, Generic[T]):
 
     @property
     def accepted(self) -> bool:
-        """True when no check or stage rejected the value."""
-        return self.rejected_by is None
+        """True when no check or stage rejected the value and none failed."""
+        return self.rejected_by is None and self.failed_by is None
 
 
 class Outcome(BaseModel, Generic[T]):

@@ -226,6 +226,54 @@ class TestProducer:
         with pytest.raises(BoomError):
             await accept(producing(1, 2), checks=[broken], attempts=2, fallback=lambda: 0, name="g")
 
+    async def test_a_failing_check_hands_its_attempt_to_the_hook_before_propagating(self):
+        class CrashedError(RuntimeError):
+            def __init__(self) -> None:
+                super().__init__("task v/0 ended failed (task_failed)")
+                self.details = {"exit_code": 3, "stderr_tail": "solver diverged"}
+
+        def passes(value):
+            return None
+
+        def broken(value):
+            raise CrashedError
+
+        handed: list[Attempt] = []
+
+        async def record(attempt):
+            handed.append(attempt)
+
+        with pytest.raises(CrashedError):
+            await accept(
+                producing(1, 2),
+                checks=[passes, broken],
+                attempts=2,
+                name="g",
+                on_failed_attempt=record,
+            )
+        [failed] = handed
+        assert (failed.number, failed.value, failed.rejected_by, failed.failed_by) == (
+            1,
+            1,
+            None,
+            "broken",
+        )
+        assert not failed.accepted
+        assert failed.reason == "CrashedError: task v/0 ended failed (task_failed)"
+        assert [(v.check, v.passed) for v in failed.verdicts] == [
+            ("passes", True),
+            ("broken", False),
+        ]
+        assert failed.verdicts[-1].details == {"exit_code": 3, "stderr_tail": "solver diverged"}
+
+    async def test_a_rejection_never_reaches_the_failed_attempt_hook(self):
+        handed: list[Attempt] = []
+        with pytest.raises(NotAccepted):
+            await accept(
+                producing(-1), checks=[reject_below(0)], name="g", on_failed_attempt=handed.append
+            )
+        assert handed == []
+
 
 class TestFallback:
     async def test_fallback_value_is_used_unchecked_after_the_budget(self):
