@@ -123,7 +123,7 @@ def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
             for row in connection.execute(
                 select(a.gate_call_id, a.value)
                 .join(tables.GATE_CALLS, g.id == a.gate_call_id)
-                .where(g.campaign_id == cid, a.rejected_by.is_(None))
+                .where(g.campaign_id == cid, a.rejected_by.is_(None), a.failed_by.is_(None))
             )
         }
         decisions = connection.execute(

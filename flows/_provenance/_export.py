@@ -38,7 +38,8 @@ def export_attempts(reader: Reader, name: str) -> Iterator[dict[str, Any]]:
     """Yield one flat record per attempt of campaign ``name`` (streamed, for big campaigns)."""
     cid = require_campaign(reader, name)
     for row in reader.stream(sql.EXPORT_ATTEMPTS, cid=cid):
-        yield {"kind": "attempt", "accepted": row["rejected_by"] is None, **plain(row)}
+        accepted = row["rejected_by"] is None and row["failed_by"] is None
+        yield {"kind": "attempt", "accepted": accepted, **plain(row)}
 
 
 def export_task_results(reader: Reader, name: str) -> Iterator[dict[str, Any]]:

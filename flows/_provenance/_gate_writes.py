@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from flows._provenance._rows import CandidateFateRecord, jsonable, now
@@ -75,6 +75,7 @@ def _attempt_values(gate_call_id: int, attempt: Any) -> dict[str, Any]:
         "number": number,
         "value": get("value"),
         "rejected_by": get("rejected_by"),
+        "failed_by": get("failed_by"),
         "reason": get("reason"),
         "verdicts": verdicts,
         "scores": dict(get("scores") or {}),
@@ -148,10 +149,24 @@ class GateWrites(StoreBase):
         self.record_attempts(gate_call_id, [attempt])
 
     def record_attempts(self, gate_call_id: int, attempts: Iterable[Any]) -> None:
-        """Record many attempts of one gate call in one transaction (bulk loads)."""
+        """Record many attempts of one gate call in one transaction (bulk loads).
+
+        An attempt already recorded stands (a replay records nothing twice), except
+        one whose check failed (``failed_by``): a rerun checks its value again, and
+        what that check said replaces the failure.
+        """
         rows = [_attempt_values(gate_call_id, a) for a in attempts]
+        numbers = [row["number"] for row in rows]
 
         def work(connection: Connection) -> None:
+            if numbers:
+                connection.execute(
+                    delete(ATTEMPTS).where(
+                        ATTEMPTS.c.gate_call_id == gate_call_id,
+                        ATTEMPTS.c.number.in_(numbers),
+                        ATTEMPTS.c.failed_by.is_not(None),
+                    )
+                )
             insert_ignore(connection, ATTEMPTS, rows, ("gate_call_id", "number"))
 
         try:

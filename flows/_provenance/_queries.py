@@ -142,7 +142,7 @@ EXPORT_APPROVAL_KEYS: Final = "SELECT key FROM approval WHERE campaign_id = :cid
 EXPORT_BATCHES: Final = f"SELECT {columns('batch')} FROM batch WHERE campaign_id = :cid ORDER BY id"
 EXPORT_ATTEMPTS: Final = (
     "SELECT g.round_index, g.call_index, g.name AS gate, g.disposition, g.fallback_hash, "
-    "a.number, a.rejected_by, a.reason, a.value, a.verdicts, a.scores, a.duration, "
+    "a.number, a.rejected_by, a.failed_by, a.reason, a.value, a.verdicts, a.scores, a.duration, "
     "a.trace_id, a.span_id FROM gate_call g JOIN attempt a ON a.gate_call_id = g.id "
     "WHERE g.campaign_id = :cid ORDER BY g.round_index, g.call_index, a.number"
 )

@@ -158,6 +158,9 @@ class AttemptRow(SQLModel, table=True):
     duration: float
     trace_id: str | None = None
     span_id: str | None = None
+    # The check that failed (a crashed verifier), not a rejection (revision 0009; None
+    # before it). Its verdict's details hold the task's status, exit code and stderr tail.
+    failed_by: str | None = None
 
 
 class PolicyDecision(SQLModel, table=True):

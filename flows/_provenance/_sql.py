@@ -32,7 +32,7 @@ COLUMNS: Final[dict[str, str]] = {
     "gate_call": "id campaign_id round_index call_index name budget attempts_used disposition "
     "fallback_hash fallback_value:json fallback_computed_at:ts",
     "attempt": "id gate_call_id number value:json rejected_by reason verdicts:json scores:json "
-    "duration trace_id span_id",
+    "duration trace_id span_id failed_by",
     "policy_decision": "id campaign_id round_index seq outcome reason code rules_fired:json "
     "severities:json explanation shadow:json state_after:json extra:json recorded_at:ts",
     "approval": "id campaign_id round_index key rule approvers_allowed:json requested_at:ts "

@@ -167,6 +167,7 @@ class TestGate:
                 "duration": 0.5,
                 "trace_id": "a" * 32,
                 "span_id": "b" * 16,
+                "failed_by": None,
             }
         ]
 
