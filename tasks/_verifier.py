@@ -4,7 +4,10 @@
 A judge that returns a reason rejects the proposal (``Rejected``: the planner
 may try again). A verifier task that does not finish (failed, timeout,
 cancelled) is a failure (``VerifierFailed``), never a rejection: a broken
-verifier must not quietly turn proposals away. A task whose allocation ended
+verifier must not quietly turn proposals away. Its ``details`` say which task
+broke and how (status, stable code, exit code, Slurm job, the tail of its
+stderr, bounded like a simulation's) besides where every task ran; the gate
+records them on the attempt the failure ended. A task whose allocation ended
 (``interrupted``) runs again in the next allocation first.
 
 Where the tasks ran is recorded with the verdict: the check returns (and
@@ -25,7 +28,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from acceptance import Rejected
 from policies import VerifierFailed
 from tasks._executor import AllocationExecutor
-from tasks._results import TaskResult, TaskSpec
+from tasks._results import TaskResult, TaskSpec, tail
 
 T = TypeVar("T")
 
@@ -90,13 +93,15 @@ def verifier(
                     f"verifier {name!r}: task {broken.key} ended {broken.status} "
                     f"({broken.error_code})",
                     details={
+                        **details,
                         "verifier": name,
                         "task_key": broken.key,
                         "status": broken.status,
                         "error_code": broken.error_code,
                         "exit_code": broken.exit_code,
                         "job_id": broken.job_id,
-                        "job_ids": jobs,
+                        # Bounded here too: a backend's own error text may come uncut.
+                        "stderr_tail": tail(broken.stderr_tail),
                     },
                 )
             reason: Any = judge(value, judged)

@@ -184,6 +184,41 @@ def _verdicts(verdicts: list[dict[str, Any]]) -> str:
     )
 
 
+def _attempt_result(attempt: dict[str, Any]) -> str:
+    if attempt.get("failed_by") is not None:
+        return f"failed in {attempt['failed_by']}"
+    if attempt["rejected_by"] is not None:
+        return f"rejected by {attempt['rejected_by']}"
+    return "accepted"
+
+
+def _disposition(call: dict[str, Any]) -> str:
+    # A gate stopped by a failing check reached no disposition: the record stays "pending".
+    failed = [a["failed_by"] for a in call["attempts"] if a.get("failed_by") is not None]
+    if call["disposition"] == "pending" and failed:
+        return f"failed ({failed[-1]} failed)"
+    return str(call["disposition"])
+
+
+def _failure_lines(attempt: dict[str, Any]) -> Text:
+    """Say how a failing check's task ended: status, code, exit status, job, stderr tail."""
+    verdict: dict[str, Any] = next(
+        (v for v in attempt["verdicts"] if v["check"] == attempt["failed_by"] and not v["passed"]),
+        {},
+    )
+    details = verdict.get("details") or {}
+    line = (
+        f"  Attempt {attempt['number']} failed in {attempt['failed_by']}: {attempt['reason']}\n"
+        f"    task {details.get('task_key') or '-'}: status {details.get('status') or '-'}, "
+        f"error {details.get('error_code') or '-'}, exit code "
+        f"{_cell(details.get('exit_code'))}, job {details.get('job_id') or '-'}"
+    )
+    stderr = str(details.get("stderr_tail") or "").rstrip("\n")
+    if stderr:
+        line += "\n    stderr tail:\n" + "\n".join(f"      {s}" for s in stderr.splitlines())
+    return Text(line)
+
+
 def print_round(console: Console, view: dict[str, Any]) -> None:
     """Print one round in full."""
     r = view["round"]
@@ -197,7 +232,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
     for call in view["gate_calls"]:
         console.print(
             Text(
-                f"\nGate call {call['call_index']} ({call['name']}): {call['disposition']} "
+                f"\nGate call {call['call_index']} ({call['name']}): {_disposition(call)} "
                 f"after {call['attempts_used']} of {call['budget']} attempts\n"
                 f"  fallback sha {call['fallback_hash'] or '-'} computed "
                 f"{_when(call['fallback_computed_at'])}: {_cell(call['fallback_value'])}"
@@ -216,7 +251,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
         rows = [
             [
                 a["number"],
-                "accepted" if a["rejected_by"] is None else f"rejected by {a['rejected_by']}",
+                _attempt_result(a),
                 a["reason"],
                 a["value"],
                 _verdicts(a["verdicts"]),
@@ -227,6 +262,9 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             for a in call["attempts"]
         ]
         console.print(_table("Attempts", columns, rows))
+        for a in call["attempts"]:
+            if a.get("failed_by") is not None:
+                console.print(_failure_lines(a))
     if view["decisions"]:
         columns = (
             "seq",

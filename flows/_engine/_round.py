@@ -353,7 +353,13 @@ class CampaignEngine:
     ) -> Outcome[Proposal]:
         """Call the gate, replaying the attempts the provenance already holds."""
         spec = self.loaded.spec
-        recorded = [Attempt[Proposal].model_validate(row) for row in self.store.attempts(gate_id)]
+        # An attempt whose check failed (a crashed verifier) is not replayed: its value is
+        # checked again (the journal holds it), and what that check says replaces the failure.
+        recorded = [
+            attempt
+            for attempt in map(Attempt[Proposal].model_validate, self.store.attempts(gate_id))
+            if attempt.failed_by is None
+        ]
         producer_for_round = self.planner.for_round(self.surrogate, index)
         settled = next((a for a in recorded if a.rejected_by is None), None)
         if settled is not None:
@@ -402,6 +408,11 @@ class CampaignEngine:
             failpoint("after_answer")
             return proposal
 
+        def record_failure(attempt: Attempt[Proposal]) -> None:
+            # The failure propagates next and stops the campaign: the record keeps the attempt.
+            self.store.record_attempt(gate_id, attempt)
+            self.store.finish_gate_call(gate_id, "pending", attempt.number)
+
         checks = [*planner_checks(self.bounds, spec.batch_size), *self.checks]
         outcome = await accept(
             producer,
@@ -410,6 +421,7 @@ class CampaignEngine:
             attempts=spec.attempts,
             fallback=fallback.to_proposal,
             name="planner",
+            on_failed_attempt=record_failure,
         )
         self.store.record_attempts(gate_id, outcome.attempts)
         self.store.finish_gate_call(gate_id, outcome.disposition, len(outcome.attempts))

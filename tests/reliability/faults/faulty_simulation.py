@@ -26,6 +26,7 @@ if fault == "segv":
 elif fault == "hang":
     time.sleep(600)
 elif fault == "exit":
-    print(f"simulation {round_index}:{index} gave up: mesh did not converge", file=sys.stderr)
+    who = "verifier" if verifier else f"simulation {round_index}:{index}"
+    print(f"{who} gave up: mesh did not converge", file=sys.stderr)
     sys.exit(3)
 print(json.dumps({"value": sum((float(v) - 0.3) ** 2 for v in candidate)}))

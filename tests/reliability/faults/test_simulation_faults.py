@@ -7,10 +7,12 @@ otherwise, and a policy can read how many tasks of the last batch failed.
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 
+from flows._cli import main
 from flows._engine._direct import run_direct
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
@@ -105,3 +107,78 @@ class TestVerifierFailure:
         # A failure, not a rejection: no attempt was recorded as rejected, no batch ran.
         assert campaign.rows("SELECT rejected_by FROM attempt WHERE rejected_by IS NOT NULL") == []
         assert campaign.rows("SELECT count(*) FROM batch") == [(0,)]
+
+    async def test_the_attempt_a_crashed_verifier_ended_is_recorded_as_failed(self, fault_campaign):
+        campaign = fault_campaign()
+        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
+        await run_direct(spec, state_dir=campaign.home, env={})
+        assert campaign.rows("SELECT disposition, attempts_used FROM gate_call") == [("pending", 1)]
+        [(number, rejected_by, failed_by, reason, verdicts)] = campaign.rows(
+            "SELECT number, rejected_by, failed_by, reason, verdicts FROM attempt"
+        )
+        assert (number, rejected_by, failed_by) == (1, None, "verifier")
+        assert "verifier 'verifier'" in reason
+        failing = json.loads(verdicts)[-1]
+        assert (failing["check"], failing["passed"]) == ("verifier", False)
+        details = failing["details"]
+        assert (details["status"], details["error_code"], details["exit_code"]) == (
+            "failed",
+            "task_failed",
+            3,
+        )
+        assert "verifier gave up: mesh did not converge" in details["stderr_tail"]
+
+    async def test_a_rerun_with_the_verifier_fixed_checks_that_attempt_again(self, fault_campaign):
+        campaign = fault_campaign()
+        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
+        await run_direct(spec, state_dir=campaign.home, env={})
+        (campaign.folder / "plan.json").write_text(json.dumps({}))
+        result = await run_direct(spec, state_dir=campaign.home, env={})
+        assert result.status == "completed"
+        # What the new check said replaced the failure: no attempt is left failed.
+        assert campaign.rows(
+            "SELECT g.round_index, g.disposition, a.number, a.rejected_by, a.failed_by "
+            "FROM gate_call g JOIN attempt a ON a.gate_call_id = g.id WHERE g.round_index = 0"
+        ) == [(0, "accepted", 1, None, None)]
+
+    async def test_inspect_round_shows_the_crashed_verifier_with_its_exit_and_stderr(
+        self, fault_campaign, capsys
+    ):
+        campaign = fault_campaign()
+        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
+        await run_direct(spec, state_dir=campaign.home, env={})
+        database = str(campaign.home / "campaigns" / campaign.name / "provenance.db")
+        capsys.readouterr()
+        assert main(["inspect", campaign.name, "--round", "0", "--db", database]) == 0
+        shown = capsys.readouterr().out
+        assert "failed (verifier failed) after 1 of 2 attempts" in shown
+        assert "failed in verifier" in shown
+        assert "status failed, error task_failed, exit code 3" in shown
+        assert "verifier gave up: mesh did not converge" in shown
+        assert "rejected by" not in shown
+
+        assert main(["inspect", campaign.name, "--round", "0", "--json", "--db", database]) == 0
+        [call] = json.loads(capsys.readouterr().out)["gate_calls"]
+        [attempt] = call["attempts"]
+        assert (attempt["failed_by"], attempt["rejected_by"]) == ("verifier", None)
+        details = attempt["verdicts"][-1]["details"]
+        assert details["exit_code"] == 3
+        assert "verifier gave up: mesh did not converge" in details["stderr_tail"]
+
+    async def test_export_keeps_the_crashed_verifier_attempt_not_accepted(
+        self, fault_campaign, capsys
+    ):
+        campaign = fault_campaign()
+        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
+        await run_direct(spec, state_dir=campaign.home, env={})
+        database = str(campaign.home / "campaigns" / campaign.name / "provenance.db")
+        capsys.readouterr()
+        assert main(["export", campaign.name, "--format", "jsonl", "--db", database]) == 0
+        records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        [attempt] = [r for r in records if r["kind"] == "attempt"]
+        assert (attempt["accepted"], attempt["failed_by"], attempt["rejected_by"]) == (
+            False,
+            "verifier",
+            None,
+        )
+        assert "mesh did not converge" in attempt["verdicts"][-1]["details"]["stderr_tail"]
