@@ -135,7 +135,7 @@ def _delete(args: argparse.Namespace) -> int:
     connect(start=False)
     from flows._prefect._delete import delete_campaign, plan_delete
 
-    plan = asyncio.run(plan_delete(args.campaign))
+    plan = asyncio.run(plan_delete(args.campaign, purge=args.purge))
     name = plan.name
     if not args.yes:
         if not sys.stdin.isatty():
@@ -147,6 +147,8 @@ def _delete(args: argparse.Namespace) -> int:
             f"and its provenance ({plan.provenance}) and folder"
             if args.purge
             else f"(its provenance in {plan.provenance} is kept)"
+            if plan.provenance is not None
+            else "(its provenance is not touched)"
         )
         print(
             f"this removes campaign {name}'s deployment {plan.registration.deployment_name}, its "
@@ -171,11 +173,16 @@ def _delete(args: argparse.Namespace) -> int:
             f"provenance purged: {outcome.rows_purged} row(s) removed from {plan.provenance}"
             f"{folder}; 'unattended submit' of its spec starts it afresh"
         )
+    elif plan.provenance is None:
+        print(
+            f"provenance not touched: it cannot be found ({plan.provenance_problem}); "
+            f"'unattended submit' of its spec continues the campaign from whatever record it has"
+        )
     else:
         event = (
             "a 'deleted' event recorded"
             if outcome.event_recorded
-            else "nothing recorded: it has no record yet"
+            else "nothing recorded: it has no record there"
         )
         print(
             f"provenance kept in {plan.provenance} ({event}); 'unattended inspect {name}' "

@@ -20,6 +20,7 @@ cancel NAME`` stops it first, and records how it ended.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,12 @@ from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound
 
 from flows._engine._registration import Registration, registration_path
-from flows._paths import campaign_dir
-from flows._prefect._endings import registered_store, registration_of, still_active
+from flows._paths import campaign_dir, state_dir_from
+from flows._prefect._endings import registration_of, still_active
 from flows._provenance import ProvenanceStore
-from policies import NotFound, ValidationFailed
+from flows._provenance._engines import resolve
+from policies import NotFound, UnattendedError, ValidationFailed
+from tasks import load_site
 
 DELETED_EVENT = "deleted"
 _PAGE = 200
@@ -50,9 +53,11 @@ class DeletePlan:
     state_dir: Path
     registration: Registration
     runs: list[str] = field(default_factory=list)
-    deployment_found: bool = True
-    provenance: str = ""  # where the record is (a path, or a URL without its password)
-    provenance_in_folder: bool = True  # SQLite in the campaign's folder, not a shared database
+    # Where the record is, to open it (a URL may hold a password: never printed) ...
+    record_location: str | None = None
+    # ... and as it is shown (a path, or a URL without its password); None: unknown, and why.
+    provenance: str | None = None
+    provenance_problem: str = ""
 
 
 @dataclass
@@ -83,22 +88,23 @@ async def _deployment_runs(client: Any, deployment_id: UUID) -> list[FlowRun]:
             return found
 
 
-async def plan_delete(name: str) -> DeletePlan:
+async def plan_delete(name: str, *, purge: bool) -> DeletePlan:
     """Find campaign ``name``'s deployment, flow runs and provenance; remove nothing.
+
+    The provenance is found from the registration's site and state directory, not
+    from the spec, which may be gone: a campaign whose spec was removed can still be
+    deleted. A site that cannot be read leaves the provenance unknown: it is then
+    left as it is, and ``purge`` is refused.
 
     Raises:
         NotFound: no campaign of that name was submitted from this state directory.
-        ValidationFailed: a run of the campaign is not over.
+        ValidationFailed: a run of the campaign is not over, or ``purge`` was asked
+            and the provenance cannot be found.
     """
     home, registration = registration_of(name)
     plan = DeletePlan(name, home, registration)
-    deployment_id = UUID(registration.deployment_id)
     async with get_client() as client:
-        try:
-            await client.read_deployment(deployment_id)
-        except ObjectNotFound:
-            plan.deployment_found = False
-        runs = await _deployment_runs(client, deployment_id)
+        runs = await _deployment_runs(client, UUID(registration.deployment_id))
     active = still_active(runs)
     if active:
         shown = ", ".join(f"{r.id} ({r.state.name if r.state else '?'})" for r in active)
@@ -108,21 +114,29 @@ async def plan_delete(name: str) -> DeletePlan:
             details={"campaign": name, "runs": [str(r.id) for r in active]},
         )
     plan.runs = [str(r.id) for r in runs]
-    campaign, store = registered_store(registration.parameters)
     try:
-        plan.provenance = store.location.label
-        plan.provenance_in_folder = store.location.path is not None and (
-            store.location.path.parent == campaign_dir(home, name)
-        )
-    finally:
-        store.close()
-    if campaign != name:
-        raise NotFound(
-            f"campaign {name!r}'s spec ({registration.spec_path}) now names campaign "
-            f"{campaign!r}; nothing was deleted",
-            details={"campaign": name, "field": "name", "file": registration.spec_path},
+        plan.record_location = _record_location(registration)
+        plan.provenance = resolve(plan.record_location).label
+    except (UnattendedError, OSError) as exc:
+        plan.record_location = plan.provenance = None
+        plan.provenance_problem = exc.message if isinstance(exc, UnattendedError) else str(exc)
+    if purge and plan.record_location is None:
+        raise ValidationFailed(
+            f"cannot purge campaign {name!r}: its provenance cannot be found "
+            f"({plan.provenance_problem}); nothing was deleted. Without --purge the campaign "
+            "is deleted and its provenance left as it is",
+            details={"campaign": name, "field": "site", "file": registration.site},
         )
     return plan
+
+
+def _record_location(registration: Registration) -> str:
+    """Return where the campaign's flow writes its record: the site's URL, else its folder."""
+    site = load_site(registration.site, env=os.environ)
+    if site.provenance_url is not None:
+        return site.provenance_url.get_secret_value()
+    home = state_dir_from(registration.state_dir, os.environ)
+    return str(campaign_dir(home, registration.campaign))
 
 
 async def delete_campaign(plan: DeletePlan, *, purge: bool, actor: str) -> DeleteOutcome:
@@ -154,16 +168,19 @@ async def delete_campaign(plan: DeletePlan, *, purge: bool, actor: str) -> Delet
             outcome.deployment_deleted = True
         except ObjectNotFound:
             pass
-    campaign, store = registered_store(plan.registration.parameters)
-    try:
-        if purge:
-            from flows._provenance._purge import purge_campaign
+    store = _open_record(plan)
+    if purge:
+        outcome.rows_purged = 0
+    if store is not None:
+        try:
+            if purge:
+                from flows._provenance._purge import purge_campaign
 
-            outcome.rows_purged = purge_campaign(store, campaign)
-        else:
-            outcome.event_recorded = _record_deleted(store, campaign, plan, outcome, actor)
-    finally:
-        store.close()
+                outcome.rows_purged = purge_campaign(store, plan.name)
+            else:
+                outcome.event_recorded = _record_deleted(store, plan, outcome, actor)
+        finally:
+            store.close()
     registration_path(plan.state_dir, plan.name).unlink(missing_ok=True)
     if purge:
         folder = campaign_dir(plan.state_dir, plan.name)
@@ -173,13 +190,23 @@ async def delete_campaign(plan: DeletePlan, *, purge: bool, actor: str) -> Delet
     return outcome
 
 
+def _open_record(plan: DeletePlan) -> ProvenanceStore | None:
+    """Open the campaign's provenance store; None when it is unknown or its file is gone."""
+    if plan.record_location is None:
+        return None
+    location = resolve(plan.record_location)
+    if location.path is not None and not location.path.exists():
+        return None  # removed by hand: opening it would make an empty one
+    return ProvenanceStore.open(plan.record_location)
+
+
 def _record_deleted(
-    store: ProvenanceStore, campaign: str, plan: DeletePlan, outcome: DeleteOutcome, actor: str
+    store: ProvenanceStore, plan: DeletePlan, outcome: DeleteOutcome, actor: str
 ) -> bool:
     """Record a ``deleted`` event; False when the campaign has no record (it never ran)."""
     try:
         store.record_event(
-            campaign,
+            plan.name,
             DELETED_EVENT,
             actor=actor,
             details={

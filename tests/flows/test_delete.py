@@ -178,6 +178,22 @@ class TestDeleteKeepsTheRecord:
         assert again["state"]["type"] == "COMPLETED"
         assert campaign.rows("SELECT COUNT(*) FROM task_result") == tasks_before
 
+    def test_a_campaign_whose_spec_is_gone_is_deleted_and_its_record_kept(
+        self, campaign: Campaign
+    ) -> None:
+        campaign.stop(campaign.submit())
+        deployment = campaign.deployment_id()
+        campaign.spec.unlink()
+
+        deleted = campaign.cli("delete", campaign.name, "--yes")
+
+        assert deleted.returncode == 0, deleted.stderr
+        assert f"provenance kept in {campaign.database} (a 'deleted' event" in deleted.stdout
+        assert not deployment_exists(deployment)
+        assert campaign.rows("SELECT kind FROM campaign_event WHERE kind = 'deleted'") == [
+            ("deleted",)
+        ]
+
     def test_an_unknown_campaign_is_one_line_and_exit_2(self, campaign: Campaign) -> None:
         unknown = campaign.cli("delete", "no-such-campaign", "--yes")
         assert unknown.returncode == 2
