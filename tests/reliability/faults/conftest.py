@@ -90,9 +90,14 @@ class FaultCampaign:
     def home(self) -> Path:
         return self.folder / "home"
 
+    @property
+    def database(self) -> Path:
+        """The campaign's provenance database (SQLite) in its state directory."""
+        return self.home / "campaigns" / self.name / "provenance.db"
+
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
         """Query the campaign's provenance database (read-only)."""
-        database = self.home / "campaigns" / self.name / "provenance.db"
+        database = self.database
         connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
         try:
             return [tuple(row) for row in connection.execute(sql).fetchall()]

@@ -97,6 +97,14 @@ class TestFailurePolicy:
         assert result.status == "completed"
 
 
+async def crash_the_verifier(campaign):
+    """Run a campaign whose verifier prints a line to stderr and exits 3; return its spec."""
+    spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
+    result = await run_direct(spec, state_dir=campaign.home, env={})
+    assert (result.status, result.error_code) == ("failed", "verifier_failed")
+    return spec
+
+
 class TestVerifierFailure:
     async def test_a_verifier_that_fails_ends_the_run_failed_not_rejected(self, fault_campaign):
         campaign = fault_campaign()
@@ -110,8 +118,7 @@ class TestVerifierFailure:
 
     async def test_the_attempt_a_crashed_verifier_ended_is_recorded_as_failed(self, fault_campaign):
         campaign = fault_campaign()
-        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
-        await run_direct(spec, state_dir=campaign.home, env={})
+        await crash_the_verifier(campaign)
         assert campaign.rows("SELECT disposition, attempts_used FROM gate_call") == [("pending", 1)]
         [(number, rejected_by, failed_by, reason, verdicts)] = campaign.rows(
             "SELECT number, rejected_by, failed_by, reason, verdicts FROM attempt"
@@ -130,8 +137,7 @@ class TestVerifierFailure:
 
     async def test_a_rerun_with_the_verifier_fixed_checks_that_attempt_again(self, fault_campaign):
         campaign = fault_campaign()
-        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
-        await run_direct(spec, state_dir=campaign.home, env={})
+        spec = await crash_the_verifier(campaign)
         (campaign.folder / "plan.json").write_text(json.dumps({}))
         result = await run_direct(spec, state_dir=campaign.home, env={})
         assert result.status == "completed"
@@ -145,9 +151,8 @@ class TestVerifierFailure:
         self, fault_campaign, capsys
     ):
         campaign = fault_campaign()
-        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
-        await run_direct(spec, state_dir=campaign.home, env={})
-        database = str(campaign.home / "campaigns" / campaign.name / "provenance.db")
+        await crash_the_verifier(campaign)
+        database = str(campaign.database)
         capsys.readouterr()
         assert main(["inspect", campaign.name, "--round", "0", "--db", database]) == 0
         shown = capsys.readouterr().out
@@ -169,9 +174,8 @@ class TestVerifierFailure:
         self, fault_campaign, capsys
     ):
         campaign = fault_campaign()
-        spec = campaign.write({"verifier": "exit"}, verifier_limit=100.0)
-        await run_direct(spec, state_dir=campaign.home, env={})
-        database = str(campaign.home / "campaigns" / campaign.name / "provenance.db")
+        await crash_the_verifier(campaign)
+        database = str(campaign.database)
         capsys.readouterr()
         assert main(["export", campaign.name, "--format", "jsonl", "--db", database]) == 0
         records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
