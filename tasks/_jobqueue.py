@@ -15,6 +15,13 @@ private Slurm 22.05, see ``ARCHITECTURE.md``):
   Dask quietly reschedules its tasks and they wait for a worker that never comes.
   ``AllocationWatch`` (``tasks._allocations``) notices the job ended; the next
   allocation is ``WorkerJobs.submit``: ``scale(jobs=0)`` then ``scale(jobs=n)``.
+* A job Slurm ended while its node lives on (``slurmd`` died: ``NODE_FAIL``) keeps
+  its worker connected, running what it runs and taking new tasks, and
+  ``scale(jobs=0)`` does not retire it (SpecCluster passes worker *names* where
+  the scheduler's ``retire_workers`` reads addresses). ``WorkerJobs.submit``
+  retires the old jobs' workers itself first: the process group of each
+  executable they run is killed, then the scheduler removes and closes them, so a
+  relaunched task never runs beside, or on, the copy the ended job was running.
 * Jobs are submitted with ``--no-requeue``: after a node failure the campaign
   relaunches the interrupted tasks itself; a requeued job would keep its id and
   hide that it ended.
@@ -22,11 +29,15 @@ private Slurm 22.05, see ``ARCHITECTURE.md``):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
 import tempfile
+import time
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +137,60 @@ async def start_jobqueue_cluster(site: SiteConfig, spec: DaskBackend, logs: Path
     return await cluster_class(**cluster_options(site, spec, logs))
 
 
+def kill_task_groups() -> int:
+    """Kill the process group of every child of this process that leads its own; return how many.
+
+    Runs on a Dask worker (Linux ``/proc``): executables run there in their own
+    session (``run_executable_blocking``), a thread waiting for each, so neither
+    cancelling the Dask task nor closing the worker stops them.
+    """
+    me = os.getpid()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent, group = int(fields[1]), int(fields[2])
+        if parent == me and group == int(entry):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+async def retire_on_scheduler(names: Collection[str], dask_scheduler: Any) -> list[str]:
+    """Kill the executables of the workers named ``names``, then remove and close them.
+
+    Runs on the scheduler (``run_function``). A job of several worker processes
+    names them ``<name>-<k>``. A worker that cannot be reached is removed all the
+    same. Returns the addresses removed.
+    """
+    from distributed.protocol.pickle import dumps
+
+    wanted = set(names)
+    addresses = [
+        address
+        for address, state in dask_scheduler.workers.items()
+        if str(state.name) in wanted or str(state.name).rsplit("-", 1)[0] in wanted
+    ]
+    if not addresses:
+        return []
+    await dask_scheduler.broadcast(
+        msg={"op": "run", "function": dumps(kill_task_groups), "wait": True},
+        workers=addresses,
+        on_error="ignore",
+    )
+    for address in addresses:
+        await dask_scheduler.remove_worker(
+            address, stimulus_id=f"unattended-retire-{time.time()}", close=True
+        )
+    return addresses
+
+
 class WorkerJobs:
     """Start the jobs of one allocation after another on one jobqueue cluster.
 
@@ -144,8 +209,14 @@ class WorkerJobs:
         self._used = 0
 
     async def submit(self) -> list[str]:
-        """Replace the cluster's jobs by ``jobs`` new ones; return their batch job ids."""
+        """Replace the cluster's jobs by ``jobs`` new ones; return their batch job ids.
+
+        The old jobs' workers are retired first (see the module docstring): a job
+        Slurm ended on a node that lives on must not run the relaunched tasks.
+        """
         cluster = self.cluster
+        if cluster.worker_spec:
+            await self._retire(list(cluster.worker_spec))
         cluster.scale(jobs=0)
         await cluster
         cluster._i = max(int(getattr(cluster, "_i", 0)), self._used)  # see the class docstring
@@ -158,3 +229,12 @@ class WorkerJobs:
         if missing:
             raise RuntimeError(f"jobqueue submitted no job for workers {', '.join(missing)}")
         return [str(job_id) for job_id in ids]
+
+    async def _retire(self, names: list[str]) -> None:
+        from distributed.protocol.pickle import dumps
+
+        reply = await self.cluster.scheduler_comm.run_function(
+            function=dumps(retire_on_scheduler), args=dumps((names,)), wait=True
+        )
+        if not isinstance(reply, dict) or reply.get("status") != "OK":
+            raise RuntimeError(f"retiring the workers {', '.join(names)} failed: {reply!r}")

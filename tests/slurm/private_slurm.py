@@ -127,8 +127,13 @@ def slurm_conf(
     memory_mb: int,
     munge_socket: Path,
     task_prolog: Path,
+    slurmd_timeout: int = 30,
 ) -> str:
-    """Return the slurm.conf of a single-node cluster living under ``root``."""
+    """Return the slurm.conf of a single-node cluster living under ``root``.
+
+    ``slurmd_timeout`` is how long the controller waits for a silent slurmd before
+    it sets the node DOWN and fails its jobs (``NODE_FAIL``).
+    """
     overrides = ["SlurmdParameters=config_overrides"] if cpus != (os.cpu_count() or 1) else []
     lines = [
         "# A private single-node cluster for tests (tests/slurm/private_slurm.py).",
@@ -169,7 +174,7 @@ def slurm_conf(
         "MinJobAge=600",
         "InactiveLimit=0",
         "SlurmctldTimeout=30",
-        "SlurmdTimeout=30",
+        f"SlurmdTimeout={slurmd_timeout}",
         f"TaskProlog={task_prolog}",
         *overrides,
         f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
@@ -236,6 +241,24 @@ class SlurmCluster:
                 return
             time.sleep(0.3)
         raise SlurmStartFailed(f"node not idle after {timeout:.0f} s: {self.node_state()!r}")
+
+    def kill_slurmd(self) -> int:
+        """SIGKILL slurmd (a node half-dying: its jobs' processes live on); return its pid."""
+        pid = _read_pid(self.root / "run" / "slurmd.pid")
+        if pid is None or not _alive(pid):
+            raise SlurmStartFailed("slurmd is not running")
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+        return pid
+
+    def start_slurmd(self, timeout: float = _START_TIMEOUT) -> None:
+        """Start slurmd again (after ``kill_slurmd``); it registers with the controller."""
+        log = self.root / "log" / "slurmd.log"
+        pid_file = self.root / "run" / "slurmd.pid"
+        pid_file.unlink(missing_ok=True)
+        _daemon([_program("slurmd"), "-f", str(self.conf), "-N", self.host], log)
+        _wait_for(pid_file, "slurmd", timeout, log)
 
     def stop(self) -> None:
         """Cancel every job, then stop slurmd, slurmctld and munged by their pid files."""
@@ -326,7 +349,11 @@ def client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, s
 
 
 def start_cluster(
-    root: Path, *, cpus: int | None = None, timeout: float = _START_TIMEOUT
+    root: Path,
+    *,
+    cpus: int | None = None,
+    timeout: float = _START_TIMEOUT,
+    slurmd_timeout: int = 30,
 ) -> SlurmCluster:
     """Start munged, slurmctld and slurmd under ``root``; run a probe job; return the cluster.
 
@@ -335,6 +362,8 @@ def start_cluster(
         cpus: CPUs the node offers (default: this machine's). More than the
             machine has is allowed (``SlurmdParameters=config_overrides``).
         timeout: Seconds each step may take.
+        slurmd_timeout: ``SlurmdTimeout``: seconds without an answer from slurmd
+            before the node is DOWN and its jobs end ``NODE_FAIL``.
 
     Raises:
         SlurmStartFailed: A daemon or the probe job failed; the message names the log.
@@ -366,6 +395,7 @@ def start_cluster(
             memory_mb=max(256, int(_memory_mb() * 0.8)),
             munge_socket=munge_socket,
             task_prolog=prolog,
+            slurmd_timeout=slurmd_timeout,
         ),
         encoding="ascii",
     )
