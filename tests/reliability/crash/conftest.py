@@ -33,6 +33,11 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # importlib mode: make crash_harness importable
+pytest.register_assert_rewrite("crash_harness")  # its asserts show the values, as a test's do
+
+from crash_harness import LoginNode  # noqa: E402 (needs the path above)
+
 PROJECT = HERE.parents[2]
 SIMULATION = HERE / "simulation.py"
 ROUNDS = 3
@@ -385,6 +390,24 @@ def make_campaign(tmp_path: Path, model_server: ModelServer) -> Callable[..., Ca
         return Campaign(name, tmp_path / name, model_server, **options)
 
     return make
+
+
+@pytest.fixture
+def login_nodes(
+    prefect_server: Any, make_campaign: Callable[..., Campaign]
+) -> Iterator[Callable[..., LoginNode]]:
+    """Build a campaign and the login node that drives it; stop its runner at the end."""
+    nodes: list[LoginNode] = []
+
+    def make(name: str, **options: str) -> LoginNode:
+        node = LoginNode(make_campaign(name, **options))
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        if node.runner_alive():
+            node.stop()
 
 
 @pytest.fixture

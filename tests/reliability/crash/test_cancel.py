@@ -8,140 +8,34 @@ run ends *Cancelled*, the provenance records the campaign as cancelled (status
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import getpass
-import json
 import os
-import sqlite3
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
+import psutil
 import pytest
+from crash_harness import Campaign, LoginNode, campaign_row, events, rows, slow, wait_until
 
 from flows._prefect._rest import request
 
-PROJECT = Path(__file__).resolve().parents[3]
-Campaign = Any  # conftest's Campaign (conftest is not importable)
-
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
-
-WAIT = 150.0
-FAST = {
-    "UNATTENDED_LEASE_TTL_SECONDS": "6",
-    "UNATTENDED_HEARTBEAT_SECONDS": "1",
-    "UNATTENDED_WATCHDOG_SECONDS": "0.5",
-}
-SLOW_SIMULATION = """\
-import os, runpy, sys, time
-time.sleep(float(os.environ.get("SIM_SLEEP", "0")))
-sys.argv = [sys.argv[1], *sys.argv[2:]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-class LoginNode:
-    """The user's shell: the real CLI, with the campaign's state directory."""
-
-    def __init__(self, campaign: Campaign, **extra: str) -> None:
-        self.campaign = campaign
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
-        self.env |= {"UNATTENDED_HOME": str(campaign.home), **FAST, **extra}
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "flows._cli", *args],
-            cwd=PROJECT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-
-    def runner_alive(self) -> bool:
-        lock = self.campaign.home / "runner.lock"
-        if not lock.exists():
-            return False
-        with lock.open() as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-        return False
-
-    def runs(self) -> list[dict[str, Any]]:
-        body = {
-            "flow_runs": {"tags": {"all_": [f"campaign:{self.campaign.name}"]}},
-            "sort": "EXPECTED_START_TIME_DESC",
-        }
-        return list(request(os.environ, "POST", "flow_runs/filter", body))
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def rows(database: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as c:
-            return [tuple(r) for r in c.execute(sql, args)]
-    except sqlite3.OperationalError:
-        return []
-
-
-def campaign_row(campaign: Campaign) -> tuple[Any, ...] | None:
-    found = rows(campaign.database, "SELECT status, error_code FROM campaign")
-    return found[0] if found else None
-
-
-def events(campaign: Campaign) -> list[str]:
-    return [k for (k,) in rows(campaign.database, "SELECT kind FROM campaign_event ORDER BY id")]
-
-
-def slow(campaign: Campaign, seconds: float) -> dict[str, str]:
-    """Make each simulation take ``seconds`` (a wrapper in front of the logging one)."""
-    wrapper = campaign.folder / "slow_simulation.py"
-    wrapper.write_text(SLOW_SIMULATION)
-    text = campaign.spec.read_text()
-    simulation = str(PROJECT / "tests" / "reliability" / "crash" / "simulation.py")
-    quoted = json.dumps(simulation)
-    campaign.spec.write_text(text.replace(quoted, f"{json.dumps(str(wrapper))}, {quoted}"))
-    return {"SIM_SLEEP": str(seconds)}
 
 
 @pytest.fixture
-def login(
-    prefect_server: Any, make_campaign: Callable[..., Campaign]
-) -> Iterator[Callable[..., LoginNode]]:
-    nodes: list[LoginNode] = []
+def login(login_nodes: Callable[..., LoginNode]) -> Callable[..., LoginNode]:
+    """Build a login node whose simulations each take ``sleep`` seconds."""
 
     def make(name: str, sleep: float, **options: str) -> LoginNode:
-        campaign = make_campaign(name, **options)
-        node = LoginNode(campaign, **slow(campaign, sleep))
-        nodes.append(node)
+        node = login_nodes(name, **options)
+        node.env |= slow(node.campaign, sleep)
         return node
 
-    yield make
-    for node in nodes:
-        if node.runner_alive():
-            node.cli("serve", "--stop")
+    return make
 
 
 def _simulations_running(campaign: Campaign) -> list[int]:
     """Return the pids of this campaign's simulations still running."""
-    import psutil
-
     found = []
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = process.info["cmdline"] or []
@@ -152,10 +46,9 @@ def _simulations_running(campaign: Campaign) -> list[int]:
 
 def _start_mid_batch(node: LoginNode) -> str:
     """Submit, serve, and return the run's id once round 0's batch is in flight."""
-    submitted = node.cli("submit", str(node.campaign.spec))
+    submitted = node.submit()
     assert submitted.returncode == 0, submitted.stderr
-    served = node.cli("serve", "--detach", "--query-seconds", "0.5")
-    assert served.returncode == 0, served.stderr
+    node.serve()
     wait_until(
         lambda: rows(node.campaign.database, "SELECT 1 FROM batch WHERE round_index = 0"),
         "round 0's batch to be launched",
@@ -210,12 +103,12 @@ class TestCancelCommand:
         node = login("cancel-resubmit", sleep=4.0)
         _start_mid_batch(node)
         assert node.cli("cancel", node.campaign.name).returncode == 0
-        node.cli("serve", "--stop")
+        node.stop()
 
         node.env["SIM_SLEEP"] = "0"
-        again = node.cli("submit", str(node.campaign.spec))
+        again = node.submit()
         assert again.returncode == 0, again.stderr
-        node.cli("serve", "--detach", "--query-seconds", "0.5")
+        node.serve()
 
         ended = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
         wait_until(lambda: node.runs()[0]["state"]["type"] in ended, "the new run to end")
@@ -238,8 +131,8 @@ class TestCancelCommand:
         self, login: Callable[..., LoginNode], ask_options: dict[str, str]
     ) -> None:
         node = login("cancel-suspended", sleep=0.0, **ask_options)
-        assert node.cli("submit", str(node.campaign.spec)).returncode == 0
-        assert node.cli("serve", "--detach", "--query-seconds", "0.5").returncode == 0
+        assert node.submit().returncode == 0
+        node.serve()
         wait_until(lambda: node.runs()[0]["state"]["type"] == "PAUSED", "the approval request")
         run_id = str(node.runs()[0]["id"])
 
@@ -276,7 +169,7 @@ class TestCancelFromTheUI:
     ) -> None:
         node = login("cancel-ui-no-runner", sleep=4.0)
         run_id = _start_mid_batch(node)
-        _kill_runner_tree(node)
+        node.kill_runner_tree()
         request(
             os.environ,
             "POST",
@@ -292,16 +185,3 @@ class TestCancelFromTheUI:
         assert "set Cancelled by force" in cancelled.stdout
         assert node.runs()[0]["state"]["type"] == "CANCELLED"
         assert campaign_row(node.campaign) == ("blocked", "cancelled")
-
-
-def _kill_runner_tree(node: LoginNode) -> None:
-    """SIGKILL the runner and the flow-run processes under it, as a lost session does."""
-    import psutil
-
-    root = psutil.Process(int((node.campaign.home / "runner.lock").read_text()))
-    family = [root, *root.children(recursive=True)]
-    for process in family:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(family, timeout=30)
-    wait_until(lambda: not node.runner_alive(), "the runner to die")

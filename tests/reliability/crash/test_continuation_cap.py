@@ -12,98 +12,17 @@ not start a new count; after ``MAX_CONTINUATIONS`` the campaign is recorded
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import sqlite3
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import pytest
+from crash_harness import Campaign, LoginNode, campaign_row, rows, wait_until
 
 from flows._prefect._recovery import EXHAUSTED_CODE, MAX_CONTINUATIONS
-from flows._prefect._rest import request
-
-PROJECT = Path(__file__).resolve().parents[3]
-Campaign = Any  # tests/reliability/crash/conftest.py's Campaign (conftest is not importable)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
-WAIT = 180.0
-FAST = {
-    "UNATTENDED_LEASE_TTL_SECONDS": "6",
-    "UNATTENDED_HEARTBEAT_SECONDS": "1",
-    "UNATTENDED_WATCHDOG_SECONDS": "0.5",
-}
 CRASH_EVERY_RUN = {"UNATTENDED_FAILPOINTS": "campaign_start:1"}
-
-
-class LoginNode:
-    """The user's shell: the real CLI, with the campaign's state directory."""
-
-    def __init__(self, campaign: Campaign) -> None:
-        self.campaign = campaign
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
-        self.env |= {"UNATTENDED_HOME": str(campaign.home), **FAST}
-
-    def cli(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "flows._cli", *args],
-            cwd=PROJECT,
-            env=self.env | extra,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    def serve(self, **extra: str) -> None:
-        done = self.cli("serve", "--detach", "--query-seconds", "0.5", **extra)
-        assert done.returncode == 0, done.stderr
-
-    def runner_alive(self) -> bool:
-        lock = self.campaign.home / "runner.lock"
-        if not lock.exists():
-            return False
-        with lock.open() as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-        return False
-
-    def stop(self) -> None:
-        self.cli("serve", "--stop")
-        wait_until(lambda: not self.runner_alive(), "the runner to stop")
-
-    def runs(self) -> list[dict[str, Any]]:
-        body = {
-            "flow_runs": {"tags": {"all_": [f"campaign:{self.campaign.name}"]}},
-            "sort": "EXPECTED_START_TIME_DESC",
-        }
-        return list(request(os.environ, "POST", "flow_runs/filter", body))
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def rows(database: Path, sql: str) -> list[tuple[Any, ...]]:
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as c:
-            return [tuple(r) for r in c.execute(sql)]
-    except sqlite3.OperationalError:
-        return []
 
 
 def counted_continuations(campaign: Campaign) -> int:
@@ -115,24 +34,16 @@ def counted_continuations(campaign: Campaign) -> int:
     return int(found[0][0]) if found else 0
 
 
-def campaign_row(campaign: Campaign) -> tuple[Any, ...] | None:
-    found = rows(campaign.database, "SELECT status, error_code FROM campaign")
-    return found[0] if found else None
-
-
 @pytest.fixture
-def login(prefect_server: Any, make_campaign: Callable[..., Campaign]) -> Iterator[LoginNode]:
-    node = LoginNode(make_campaign("crash-loop"))
-    yield node
-    if node.runner_alive():
-        node.stop()
+def login(login_nodes: Callable[..., LoginNode]) -> LoginNode:
+    return login_nodes("crash-loop")
 
 
 def test_a_campaign_crashing_on_every_run_stops_at_its_cap_across_a_runner_restart(
     login: LoginNode,
 ) -> None:
     campaign = login.campaign
-    submitted = login.cli("submit", str(campaign.spec))
+    submitted = login.submit()
     assert submitted.returncode == 0, submitted.stderr
     login.serve(**CRASH_EVERY_RUN)
     wait_until(lambda: counted_continuations(campaign) >= 2, "two continuations")

@@ -8,23 +8,11 @@ Through the real command line against the session's Prefect server.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
-import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-
-from flows._prefect._rest import request
-
-PROJECT = Path(__file__).resolve().parents[3]
-Campaign = Any  # conftest's Campaign (conftest is not importable)
+from crash_harness import LoginNode, campaign_row, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
@@ -48,6 +36,7 @@ system = "none"
 node_hours_per_simulation = 0.01
 node_hours_per_verifier = 0.001
 """
+ENDED = {"FAILED", "CRASHED", "COMPLETED", "CANCELLED"}
 
 
 def _closed_port() -> int:
@@ -56,61 +45,30 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _rows(database: Path, sql: str) -> list[tuple[Any, ...]]:
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as c:
-            return [tuple(r) for r in c.execute(sql)]
-    except sqlite3.OperationalError:
-        return []
-
-
 @pytest.fixture
-def campaign(prefect_server: Any, make_campaign: Callable[..., Campaign]) -> Iterator[Campaign]:
-    made = make_campaign("scheduler-down")
-    made.site.write_text(DASK_SITE.format(port=_closed_port()))
-    yield made
-    _cli(made, "serve", "--stop")
-
-
-def _cli(campaign: Campaign, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
-    env |= {
-        "UNATTENDED_HOME": str(campaign.home),
-        "UNATTENDED_WATCHDOG_SECONDS": "0.5",
-        "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s",  # the scheduler is down: fail fast
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "flows._cli", *args],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+def login(login_nodes: Callable[..., LoginNode]) -> LoginNode:
+    node = login_nodes("scheduler-down")
+    node.campaign.site.write_text(DASK_SITE.format(port=_closed_port()))
+    node.env["DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT"] = "2s"  # the scheduler is down
+    return node
 
 
 def test_a_run_that_fails_as_it_starts_is_recorded_failed_and_inspect_says_so(
-    campaign: Campaign,
+    login: LoginNode,
 ) -> None:
-    submitted = _cli(campaign, "submit", str(campaign.spec))
+    campaign = login.campaign
+    submitted = login.submit()
     assert submitted.returncode == 0, submitted.stderr
-    assert _cli(campaign, "serve", "--detach", "--query-seconds", "0.5").returncode == 0
+    login.serve()
 
-    body = {"flow_runs": {"tags": {"all_": [f"campaign:{campaign.name}"]}}}
-    deadline = time.monotonic() + 150
-    state = None
-    while time.monotonic() < deadline:
-        runs = request(os.environ, "POST", "flow_runs/filter", body)
-        state = runs[0]["state"]["type"] if runs else None
-        if state in {"FAILED", "CRASHED", "COMPLETED", "CANCELLED"}:
-            break
-        time.sleep(0.5)
-    assert state == "FAILED"
+    wait_until(lambda: login.runs() and login.runs()[0]["state"]["type"] in ENDED, "the run to end")
+    assert login.runs()[0]["state"]["type"] == "FAILED"
 
-    ((status, code),) = _rows(campaign.database, "SELECT status, error_code FROM campaign")
+    row = campaign_row(campaign)
+    assert row is not None
+    status, code = row
     assert status == "failed"
     assert code
-    shown = _cli(campaign, "inspect", campaign.name)
+    shown = login.cli("inspect", campaign.name)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == f"Campaign {campaign.name}: failed ({code})"
