@@ -92,3 +92,20 @@ def assert_each_candidate_done_once(database: Path, *, rounds: int, batch_size: 
     assert max(done.values()) == 1, done
     cut = {(round_, candidate) for round_, candidate, status in results if status != "done"}
     assert cut <= set(done), "an interrupted candidate was never done"
+
+
+def assert_end_reasons_as_slurm_says(database: Path, jobcomp: Path) -> None:
+    """Assert each allocation the scheduler ended is recorded with the end Slurm logged for it.
+
+    ``jobcomp`` is the cluster's ``jobcomp/filetxt`` log, Slurm's own record of how
+    each job ended. Jobs the campaign let go (``released``) are its own word, not
+    Slurm's (which logs them ``CANCELLED``, maybe a moment after the campaign ended).
+    """
+    from tasks._slurm import end_reason, read_jobcomp
+
+    for job, reason in _rows(database, "SELECT job_id, end_reason FROM allocation"):
+        if reason == "released":
+            continue
+        logged = read_jobcomp(jobcomp, str(job))
+        assert logged is not None, f"Slurm logged no end for job {job} (recorded {reason})"
+        assert reason == end_reason(logged.state), (job, reason, logged.state)

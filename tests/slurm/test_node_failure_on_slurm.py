@@ -18,12 +18,18 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from allocation_properties import (  # type: ignore[import-not-found]
+    assert_allocations_follow_one_another,
+    assert_end_reasons_as_slurm_says,
+)
 from private_slurm import (  # type: ignore[import-not-found]
     SlurmCluster,
     SlurmStartFailed,
@@ -31,18 +37,33 @@ from private_slurm import (  # type: ignore[import-not-found]
     slurm_local_site,
     start_cluster,
 )
+from test_campaign_on_slurm import (  # type: ignore[import-not-found]
+    ROOT,
+    assert_every_candidate_once,
+    campaign,
+    cli_env,
+    database_of,
+    rows,
+    unattended,
+    wait_for,
+)
 from test_executor_on_slurm import (  # type: ignore[import-not-found]
     completions,
     dask_holds_nothing_to_run,
     simulations,
 )
 
+from flows._prefect._server import ServerHandle
 from tasks import AllocationExecutor, TaskResult
+from tasks._slurm import read_jobcomp
 
 pytestmark = pytest.mark.integration
 
 #: Seconds without an answer from slurmd before the controller fails the node's jobs.
 SLURMD_TIMEOUT = 5
+ALLOCATIONS = "SELECT job_id FROM allocation"
+INTERRUPTED = "SELECT DISTINCT job_id FROM task_result WHERE status = 'interrupted'"
+DONE_IN = "SELECT job_id FROM task_result WHERE status = 'done'"
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +152,9 @@ class TestNodeFailure:
         first = records[0]
         assert first.job_id == failed_job
         assert (first.state, first.end_reason) == ("NODE_FAIL", "node_fail"), records
+        logged = read_jobcomp(slurm.jobcomp, failed_job)  # Slurm's own record agrees
+        assert logged is not None
+        assert logged.state == "NODE_FAIL", logged
         assert all(r.status == "done" for r in results), results
         # Exactly once each, by the simulations' own log (outside the provenance).
         assert completions(log) == Counter(range(len(tasks)))
@@ -143,3 +167,63 @@ class TestNodeFailure:
             assert result.job_id in later, (result, records)
             assert f"{result.index} {result.job_id}" in lines, (result, lines)
         assert all(r.end_reason is not None for r in records), records
+
+
+@pytest.mark.long  # ~90 s and a Prefect server; the executor test above runs by default
+@pytest.mark.timeout(600)
+def test_slurmd_killed_mid_batch_the_campaign_counts_each_candidate_once(
+    prefect_server: ServerHandle, fragile_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Through ``unattended run``: the provenance and the execution log agree, once each."""
+    slurm = fragile_slurm
+    slurm.wait_idle()
+    name = "slurm-node-fail"
+    # One worker thread, 3 x 15 s: the kill comes after the first, NODE_FAIL ~25 s
+    # later, while the last is still to finish.
+    spec, log = campaign(tmp_path, name, rounds=1, batch_size=3, seconds=15.0)
+    env = cli_env(prefect_server, slurm, tmp_path)
+    site = ROOT / "site-configs" / "slurm-local.toml"
+    database = database_of(tmp_path, name)
+    killed = False
+    with (tmp_path / "run.out").open("w") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "flows._cli", "run", str(spec), "--site", str(site)],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: log.exists() and log.read_text().strip(), timeout=300)
+        (job,) = rows(database, "SELECT job_id FROM allocation WHERE end_reason IS NULL")
+        slurm.kill_slurmd()
+        killed = True
+        # The node comes back once the campaign has asked for the next job.
+        wait_for(lambda: run.poll() is not None or len(rows(database, ALLOCATIONS)) > 1, 240)
+        slurm.start_slurmd()
+        killed = False
+        code = run.wait(timeout=300)
+    finally:
+        if killed:
+            slurm.start_slurmd()
+        if run.poll() is None:
+            run.kill()
+        unattended(env, "serve", "--stop", cwd=tmp_path, timeout=60)
+    output = (tmp_path / "run.out").read_text()
+    assert code == 0, output[-3000:]
+    windows = assert_allocations_follow_one_another(database, between=("node_fail",))
+    assert windows[0].job_id == job[0]
+    assert windows[0].end_reason == "node_fail"
+    assert_end_reasons_as_slurm_says(database, slurm.jobcomp)
+    interrupted = {j for (j,) in rows(database, INTERRUPTED)}
+    assert interrupted == {job[0]}
+    # One done result per candidate in the provenance, one completion in the log.
+    assert_every_candidate_once(database, log, rounds=1, batch_size=3)
+    # ... and each done result names the job its completion was logged in.
+    logged_in = Counter(line.split()[2] for line in log.read_text().splitlines())
+    assert Counter(j for (j,) in rows(database, DONE_IN)) == logged_in
+    later = {w.job_id for w in windows[1:]}
+    relaunched = rows(database, "SELECT t.job_id FROM task_result t JOIN batch b "
+                      "ON b.id = t.batch_id WHERE b.relaunch > 0")  # fmt: skip
+    assert relaunched
+    assert {j for (j,) in relaunched} <= later
