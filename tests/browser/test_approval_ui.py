@@ -317,6 +317,9 @@ class TestRefusedInTheUI:
         assert approval.events == ()
 
 
+# The form's request is the resume API call; an approver not listed through that call
+# is in the default run (tests/reliability/service/test_approver_bypass.py::TestNotAllowed).
+@pytest.mark.long
 class TestNotAllowedInTheUI:
     async def test_an_approver_not_listed_is_recorded_and_the_run_suspends_again(
         self, prefect_api: ServerHandle, browser_page: Any, tmp_path: Path

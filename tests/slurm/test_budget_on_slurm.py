@@ -178,6 +178,7 @@ def _campaign_status(database: Path) -> tuple[Any, ...] | None:
         return None
 
 
+@pytest.mark.long  # the budget across restarts is in the default run: the direct runner's above
 @pytest.mark.timeout(400)
 def test_through_the_runner_a_crashing_campaign_stops_at_its_budget_across_a_restart(
     prefect_server: ServerHandle,

@@ -41,6 +41,9 @@ async def _until_left_below(executor: AllocationExecutor, seconds: float) -> flo
         await asyncio.sleep(1.0)
 
 
+# The launch rule is in the default run without Slurm (tests/tasks/test_walltime_launch.py),
+# and a real walltime mid-batch too (test_executor_on_slurm.py::TestWalltime).
+@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_a_job_near_its_end_gets_no_work_it_cannot_finish(
     slurm: SlurmCluster, tmp_path: Path

@@ -142,6 +142,8 @@ class TestRunnerKilled:
 
 
 class TestRunnerStopped:
+    # The same stop mid-batch is in the default run: test_restarts.TestRestartWhileRunning.
+    @pytest.mark.long
     def test_a_run_cancelled_by_serve_stop_is_continued_by_the_next_runner(
         self, login_nodes: Callable[..., LoginNode], model_server: Any, reference: Any
     ) -> None:
@@ -322,6 +324,9 @@ class TestResumedFromTheUI:
 
 
 class TestApprovalBypass:
+    # Runs of the deployment with a copied spec or site are refused (run_refused) in the
+    # default run: test_run_authority.TestRunsOfTheOwnersDeployment.
+    @pytest.mark.long
     def test_a_second_run_on_a_copied_weakened_spec_launches_nothing(
         self,
         login_nodes: Callable[..., LoginNode],
@@ -410,6 +415,7 @@ class TestApprovalBypass:
         assert decisions == [("suspend",)]
 
 
+@pytest.mark.long  # in the default run: test_up.TestUp::test_serve_detach_with_a_runner_up...
 def test_serve_detach_twice_leaves_one_runner(login_nodes: Callable[..., LoginNode]) -> None:
     login = login_nodes("detach-twice")
     login.serve()
