@@ -179,8 +179,9 @@ async def retire_on_scheduler(names: Collection[str], dask_scheduler: Any) -> li
     ]
     if not addresses:
         return []
+    run = dumps(kill_task_groups)  # type: ignore[no-untyped-call]  # untyped upstream
     await dask_scheduler.broadcast(
-        msg={"op": "run", "function": dumps(kill_task_groups), "wait": True},
+        msg={"op": "run", "function": run, "wait": True},
         workers=addresses,
         on_error="ignore",
     )
@@ -233,8 +234,10 @@ class WorkerJobs:
     async def _retire(self, names: list[str]) -> None:
         from distributed.protocol.pickle import dumps
 
+        function = dumps(retire_on_scheduler)  # type: ignore[no-untyped-call]  # untyped upstream
+        args = dumps((names,))  # type: ignore[no-untyped-call]  # untyped upstream
         reply = await self.cluster.scheduler_comm.run_function(
-            function=dumps(retire_on_scheduler), args=dumps((names,)), wait=True
+            function=function, args=args, wait=True
         )
         if not isinstance(reply, dict) or reply.get("status") != "OK":
             raise RuntimeError(f"retiring the workers {', '.join(names)} failed: {reply!r}")
