@@ -10,19 +10,21 @@ outside the provenance. When slurmd comes back the node returns to service
 (``ReturnToService=2``) and Slurm kills what was left of the failed job.
 
 The test starts its own cluster (a short ``SlurmdTimeout``, and a dead slurmd must
-not disturb the session's cluster); it takes ~60 s.
+not disturb the session's cluster); it takes ~50 s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,11 +52,10 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
 from test_executor_on_slurm import (  # type: ignore[import-not-found]
     completions,
     dask_holds_nothing_to_run,
-    simulations,
 )
 
 from flows._prefect._server import ServerHandle
-from tasks import AllocationExecutor, TaskResult
+from tasks import AllocationExecutor, ExecutableTask
 from tasks._slurm import read_jobcomp
 
 pytestmark = pytest.mark.integration
@@ -97,9 +98,50 @@ async def relaunch_waits_for_a_worker(executor: AllocationExecutor) -> bool:
     return workers == 0 and waiting > 0
 
 
+async def until(check: Callable[[], bool | Awaitable[bool]]) -> None:
+    """Return once ``check()`` is true, asking every 0.1 s (the caller bounds the wait)."""
+    while True:
+        answer = check()
+        if not isinstance(answer, bool):
+            answer = await answer
+        if answer:
+            return
+        await asyncio.sleep(0.1)
+
+
+# A simulation that waits for the test's gate, then appends "<index> <job id>" to a
+# log of completions. Held at the gate, the task a worker runs when its node fails
+# is still running when the campaign relaunches it: were it not killed, it would
+# complete once the gate opens, and its relaunch again.
+GATED_SIMULATION = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    candidate = json.load(sys.stdin)
+    log, gate = sys.argv[1:3]
+    index = int(candidate[0])
+    pathlib.Path(f"{gate}.started-{index}").touch()
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+    with open(log, "a", encoding="ascii") as out:
+        out.write(f"{index} {os.environ.get('SLURM_JOB_ID')}\\n")
+    print(json.dumps({"value": candidate[0]}))
+    """
+)
+
+
+def gated_simulations(log: Path, gate: Path, count: int) -> list[ExecutableTask]:
+    return [
+        ExecutableTask(
+            argv=[sys.executable, "-c", GATED_SIMULATION, str(log), str(gate)],
+            stdin=json.dumps([float(i)]).encode(),
+        )
+        for i in range(count)
+    ]
+
+
 @pytest.mark.asyncio
 class TestNodeFailure:
-    @pytest.mark.timeout(150)
+    @pytest.mark.timeout(180)
     async def test_slurmd_killed_mid_batch_each_task_done_exactly_once(
         self, fragile_slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -108,44 +150,40 @@ class TestNodeFailure:
         for key in [k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF"]:
             monkeypatch.delenv(key)
         slurm.wait_idle()
-        log = tmp_path / "completions.txt"
-        # One worker thread runs them in turn, 40 s in all: the batch outlasts the
-        # ~25 s Slurm takes to fail the node, so some tasks are still to run then.
-        tasks = simulations(log, 8, 5.0)
+        log, gate = tmp_path / "completions.txt", tmp_path / "gate"
+        tasks = gated_simulations(log, gate, 4)
         killed: list[str] = []
 
         async with AllocationExecutor.from_site(slurm_local_site(), work_dir=str(tmp_path)) as ex:
             failed_job = ex.allocations[0].job_id
 
-            def kill_slurmd_after_the_first(result: TaskResult) -> None:
-                if not killed:
-                    slurm.kill_slurmd()
-                    killed.append(failed_job)
-
-            async def revive_slurmd() -> None:
-                # The node comes back only once the relaunch waits with no worker to take
-                # it: while slurmd is dead the failed job's worker lives on, and a relaunch
-                # it took would finish first (the batch ends, and this is cancelled).
+            async def fail_the_node_then_revive_it() -> None:
                 try:
-                    async with asyncio.timeout(180):
-                        while True:
-                            if len(ex.allocations) > 1 and await relaunch_waits_for_a_worker(ex):
-                                return
-                            await asyncio.sleep(0.2)
+                    async with asyncio.timeout(150):
+                        # A task runs (held at the gate): kill slurmd under it.
+                        await until(lambda: any(tmp_path.glob("gate.started-*")))
+                        slurm.kill_slurmd()
+                        killed.append(failed_job)
+                        # Slurm fails the job, the executor sees it and asks for the next.
+                        await until(lambda: len(ex.allocations) > 1)
+                        gate.touch()
+                        # The node comes back only once the relaunch waits with no worker
+                        # to take it: the failed job's worker lives on meanwhile, and a
+                        # relaunch it took would finish (the batch ends, this is cancelled).
+                        await until(lambda: relaunch_waits_for_a_worker(ex))
                 finally:
+                    gate.touch()
                     if killed:
                         slurm.start_slurmd()
 
-            reviver = asyncio.ensure_future(revive_slurmd())
+            breaker = asyncio.ensure_future(fail_the_node_then_revive_it())
             try:
-                results = await ex.run_until_done(
-                    tasks, key_prefix="nf/0", on_result=kill_slurmd_after_the_first
-                )
+                results = await ex.run_until_done(tasks, key_prefix="nf/0")
                 # A copy of a task still queued in Dask would run on the next worker.
                 await dask_holds_nothing_to_run(ex)
             finally:
-                reviver.cancel()
-                await asyncio.gather(reviver, return_exceptions=True)
+                breaker.cancel()
+                await asyncio.gather(breaker, return_exceptions=True)
         records = ex.allocations
 
         assert killed == [failed_job]
@@ -156,14 +194,12 @@ class TestNodeFailure:
         assert logged is not None
         assert logged.state == "NODE_FAIL", logged
         assert all(r.status == "done" for r in results), results
-        # Exactly once each, by the simulations' own log (outside the provenance).
+        # Exactly once each, by the simulations' own log (outside the provenance),
+        # and in the job the result names: a later one, none in the failed job.
         assert completions(log) == Counter(range(len(tasks)))
-        lines = log.read_text("ascii").splitlines()
-        relaunched = [r for r in results if r.job_id != failed_job]
-        assert relaunched, "nothing was left to relaunch: the batch ended before NODE_FAIL"
-        # A relaunched task ran in a later job, and its log line says the same job.
         later = {r.job_id for r in records[1:]}
-        for result in relaunched:
+        lines = log.read_text("ascii").splitlines()
+        for result in results:
             assert result.job_id in later, (result, records)
             assert f"{result.index} {result.job_id}" in lines, (result, lines)
         assert all(r.end_reason is not None for r in records), records
