@@ -260,6 +260,20 @@ class SlurmCluster:
         _daemon([_program("slurmd"), "-f", str(self.conf), "-N", self.host], log)
         _wait_for(pid_file, "slurmd", timeout, log)
 
+    def wait_steps_ended(self, timeout: float = 60.0) -> None:
+        """Wait until no job step runs on the node (slurmstepd's sockets are gone).
+
+        A job the controller failed (``NODE_FAIL``) while slurmd was dead is cleaned
+        up only once slurmd is back: stopping the daemons earlier would leave its
+        slurmstepd behind.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not list((self.root / "spool").glob(f"{self.host}_*")):
+                return
+            time.sleep(0.2)
+        raise SlurmStartFailed(f"job steps still on the node after {timeout:.0f} s")
+
     def stop(self) -> None:
         """Cancel every job, then stop slurmd, slurmctld and munged by their pid files."""
         if self._stopped:

@@ -81,6 +81,8 @@ def fragile_slurm() -> Iterator[SlurmCluster]:
         pytest.fail(f"the private Slurm did not start: {exc}")
     try:
         yield cluster
+        cluster.cancel_all()
+        cluster.wait_steps_ended()  # the failed job's slurmstepd, cleaned up by slurmd
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
