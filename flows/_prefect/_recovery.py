@@ -60,6 +60,7 @@ from flows._engine._registration import (
 )
 from flows._paths import state_dir_from
 from flows._prefect._endings import cancelled_by_a_person, notify_stopped, record_cancelled
+from flows._prefect._warm_start import flow_runs_started_here
 from flows._provenance import LeaseRow, ProvenanceStore
 from flows._provenance._readers import Progress
 from flows._spec import load_campaign
@@ -97,10 +98,12 @@ def flow_runs_alive_here(root: int | None = None) -> set[str]:
     Prefect's runner starts each flow run as a child process with
     ``PREFECT__FLOW_RUN_ID`` in its environment; a run found here is alive, whatever
     its lease says (it may still be starting, on a machine that is slow today).
-    ``root`` is the runner's pid (default: this process, the runner's own watchdog);
-    an unknown or gone pid has no descendants.
+    ``root`` is the runner's pid (default: this process, the runner's own watchdog,
+    which also counts the runs it forked from its forkserver: their environment is set
+    after the fork, where /proc does not show it); an unknown or gone pid has no
+    descendants.
     """
-    alive: set[str] = set()
+    alive: set[str] = flow_runs_started_here() if root is None else set()
     try:
         children = psutil.Process(root).children(recursive=True)
     except psutil.Error:
@@ -572,11 +575,15 @@ def recovery_note(
         who = "no runner is serving: 'unattended serve --detach' continues it"
     if reason is not None:
         return f"orphaned: {reason}; {who}"
-    if due_in is not None and runner_alive:
+    # A live run takes the lease as it starts and renews it every heartbeat: one that
+    # holds none for longer is forced into its state, or still starting on a slow day
+    # (this process cannot see which run a forked child of the runner executes).
+    lease_less = settings.lease_ttl_seconds - (due_in or 0.0)
+    if due_in is not None and runner_alive and lease_less > settings.heartbeat_seconds:
         return (
-            "no process of the runner executes it and it holds no lease (forced into its "
-            f"state through the API?): the runner ends it as orphaned in {due_in:.0f} s "
-            "and then continues the campaign"
+            f"holds no lease after {lease_less:.0f} s: unless a process of the runner is "
+            "still starting it, it was forced into its state (through the API) and the "
+            f"runner ends it as orphaned in {due_in:.0f} s, then continues the campaign"
         )
     why = continuation_reason(flow_run)
     resumable = status in CONTINUABLE_STATUSES or (status == "failed" and code == TRANSIENT_CODE)

@@ -62,6 +62,19 @@ ENV_SWITCH: Final = "UNATTENDED_WARM_START"
 
 _log = logging.getLogger(__name__)
 
+# The flow runs this process forked, by id. A forked child's environment is set after
+# the fork, so /proc/PID/environ (what a spawned child's PREFECT__FLOW_RUN_ID is read
+# from) still shows the forkserver's: the runner's watchdog asks here instead.
+_STARTED: dict[str, BaseProcess] = {}
+
+
+def flow_runs_started_here() -> set[str]:
+    """Return the ids of the flow runs this process forked whose process still runs."""
+    for run_id, process in list(_STARTED.items()):
+        if not process.is_alive():
+            del _STARTED[run_id]
+    return set(_STARTED)
+
 
 def warm_start_wanted(env: dict[str, str] | os._Environ[str]) -> bool:
     """Return whether the environment leaves warm start on (the default)."""
@@ -149,6 +162,8 @@ def run_flow_in_forkserver(
         args=(cast(bytes, wrapped_call.args[0]), startup_env),
     )
     process.start()
+    if flow_run is not None:
+        _STARTED[str(flow_run.id)] = process
     return process
 
 

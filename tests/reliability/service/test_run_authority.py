@@ -268,9 +268,14 @@ class TestForcedRunning:
                 return await client.read_flow_run(run_id)
 
         run = asyncio.run(read(forced))
+        # Lease-less beyond a heartbeat (the short one set here): status says when it ends.
+        monkeypatch.setenv("UNATTENDED_HEARTBEAT_SECONDS", "0.2")
+        until = datetime.now(UTC) + timedelta(seconds=1)
+        while recovery.recovery_note(run, runner_alive=True, alive=set()) is None:
+            assert datetime.now(UTC) < until, "no note a heartbeat after the forced state"
         note = recovery.recovery_note(run, runner_alive=True, alive=set())
         assert note is not None
-        assert "ends it as orphaned in" in note
+        assert "runner ends it as orphaned in" in note
         assert "within" not in note
         # A process of the runner executing it: nothing to say, nothing to do.
         assert recovery.recovery_note(run, runner_alive=True, alive={str(forced)}) is None
