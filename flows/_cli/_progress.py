@@ -34,6 +34,8 @@ class RoundProgress:
     failed: int
     finished: bool  # the batch's results are recorded
     waiting_for: str | None  # the rule of an unanswered approval request
+    answered: str | None = None  # the round's settled approval: "approved by alice"
+    best: float | None = None  # the best objective so far, this round included
 
 
 def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
@@ -44,7 +46,13 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
         for a in summary["approvals"]
         if a["decision"] is None
     }
+    answered = {}
+    for a in summary["approvals"]:  # in request order: a round's last settled one stays
+        if a["decision"] is not None:
+            who = f" by {a['decided_by']}" if a["decided_by"] else ""
+            answered[int(a["round_index"])] = f"{a['decision']}{who}"
     rounds = []
+    best: float | None = None
     for entry in summary["rounds"]:
         index = int(entry["index"])
         recorded = int(entry["tasks"])
@@ -55,6 +63,8 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
             launched = sum(
                 len(batch["candidates"] or []) for batch in batches if not batch.get("relaunch")
             )
+        if entry.get("best") is not None:
+            best = float(entry["best"]) if best is None else min(best, float(entry["best"]))
         dispositions = entry["dispositions"]
         rounds.append(
             RoundProgress(
@@ -69,6 +79,8 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
                 failed=recorded - int(entry["done"]),
                 finished=recorded > 0,
                 waiting_for=pending.get(index),
+                answered=answered.get(index),
+                best=best,
             )
         )
     return rounds
@@ -103,12 +115,15 @@ def progress_lines(round_: RoundProgress) -> list[str]:
         lines.append(f"{head} policy {round_.decision}")
     if round_.waiting_for:
         lines.append(f"{head} waiting for approval ({round_.waiting_for})")
+    if round_.answered:
+        lines.append(f"{head} approval {round_.answered}")
     if round_.tasks:
         lines.append(f"{head} batch of {round_.tasks} task(s) launched")
     if round_.finished:
         lines.append(f"{head} batch finished: {round_.done} done, {round_.failed} failed")
     if round_.status == "completed":
-        lines.append(f"{head} completed")
+        best = f"; best so far {round_.best:.6g}" if round_.best is not None else ""
+        lines.append(f"{head} completed{best}")
     return lines
 
 
@@ -197,18 +212,21 @@ class CampaignProgress:
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False)
-        for column in ("round", "gate", "attempts", "policy", "batch", "tasks"):
+        for column in ("round", "gate", "attempts", "policy", "batch", "tasks", "best so far"):
             table.add_column(column)
         for r in self.rounds:
             bar = ProgressBar(total=r.tasks or 1, completed=r.done + r.failed, width=24)
             policy = f"waiting: {r.waiting_for}" if r.waiting_for else (r.decision or "")
+            if r.answered and not r.waiting_for:
+                policy = f"{policy} ({r.answered})" if policy else r.answered
             tasks = (
                 f"{r.done} done, {r.failed} failed"
                 if r.finished
                 else (f"{r.tasks} running" if r.tasks else "")
             )
+            best = f"{r.best:.6g}" if r.best is not None else ""
             table.add_row(
-                str(r.index), r.gate, str(r.attempts), policy, bar if r.tasks else "", tasks
+                str(r.index), r.gate, str(r.attempts), policy, bar if r.tasks else "", tasks, best
             )
         done = sum(r.done for r in self.rounds)
         failed = sum(r.failed for r in self.rounds)

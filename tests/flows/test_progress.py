@@ -135,7 +135,7 @@ class TestPlainLines:
             "round 0: policy continue",
             "round 0: batch of 3 task(s) launched",
             "round 0: batch finished: 2 done, 1 failed",
-            "round 0: completed",
+            "round 0: completed; best so far 1",
             "round 1: started",
             "round 1: gate fallback after 3 attempt(s)",
             "round 1: policy continue",
@@ -153,6 +153,31 @@ class TestPlainLines:
         new = out.getvalue().splitlines()[before:]
         assert "round 1: batch finished: 4 done, 0 failed" in new
         assert "round 2: waiting for approval (review-round-2)" in new
+
+    def test_who_answered_an_approval_is_printed_once(
+        self, tmp_path: Path, waiting: ProvenanceStore
+    ):
+        writer = ProvenanceStore.open(tmp_path)
+        writer.record_approval_event(
+            "progress-r2-c1", decided_by="mallory", decision="not_allowed", allowed=False
+        )
+        writer.record_approval_event(
+            "progress-r2-c1", decided_by="alice", decision="approved", allowed=True
+        )
+        writer.close()
+        third = read_progress(waiting, CAMPAIGN)[2]
+        assert third.waiting_for is None
+        assert third.answered == "approved by alice"
+        out = io.StringIO()
+        CampaignProgress(live=False, stream=out).update(read_progress(waiting, CAMPAIGN))
+        lines = out.getvalue().splitlines()
+        assert [line for line in lines if "approval" in line] == [
+            f"round 2: approval {third.answered}"
+        ]
+
+    def test_the_best_so_far_carries_over_rounds_without_results(self, waiting: ProvenanceStore):
+        rounds = read_progress(waiting, CAMPAIGN)
+        assert [r.best for r in rounds] == [1.0, 1.0, 1.0]
 
     def test_a_pending_gate_call_is_not_reported_as_done(self):
         round_ = RoundProgress(0, "running", 1, "pending", 1, None, 0, 0, 0, False, None)
