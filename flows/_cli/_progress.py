@@ -186,6 +186,11 @@ class CampaignProgress:
             self.update(
                 read_progress(self._store, campaign), queue=read_queue(self._store, campaign)
             )
+            if getattr(self._store, "snapshot", False):
+                # Opened while no writer had it (a run not started yet, or between a
+                # suspend and its resume): a frozen snapshot. Open it again next time.
+                self._store.close()
+                self._store = None
         except Exception:  # noqa: BLE001  # progress is best effort; the run state is what counts
             return
 

@@ -36,9 +36,14 @@ _TABLES_SQL = (
 class SqliteReadStore(StoreReads):
     """A read-only SQLite provenance database: the store's readers, without SQLAlchemy."""
 
-    def __init__(self, connection: sqlite3.Connection, location: Location) -> None:
+    def __init__(
+        self, connection: sqlite3.Connection, location: Location, *, snapshot: bool = False
+    ) -> None:
         self.connection = connection
         self.location = location
+        # Opened ``immutable`` (no writer had it open): what it reads never changes, so a
+        # reader following a live campaign opens it again to see later writes.
+        self.snapshot = snapshot
 
     @classmethod
     def open(cls, location: Location) -> SqliteReadStore:
@@ -66,7 +71,7 @@ class SqliteReadStore(StoreReads):
         except BaseException:
             connection.close()
             raise
-        return cls(connection, location)
+        return cls(connection, location, snapshot="immutable=1" in uri)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[SqliteReader]:

@@ -243,3 +243,35 @@ class TestPoll:
             progress.poll(flow_run)
         assert out.getvalue() == ""
         assert not (tmp_path / "campaigns" / "demo" / "provenance.db").exists()
+
+
+class TestFollowingALiveDatabase:
+    def test_a_database_opened_before_its_run_started_shows_the_run_s_rounds(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Submit makes the database; the follower opens it before the run writes (no -wal).
+
+        Opened then, SQLite reads it as immutable: the follower must open it again, or a
+        cold-start 'unattended run' shows no round at all (it did).
+        """
+        from flows._cli import _progress
+        from flows._provenance._sqlite import open_read_only
+
+        writer = ProvenanceStore.open(tmp_path)
+        writer.ensure_campaign(CAMPAIGN, spec={}, site="local", seed=1, code_version="test")
+        writer.close()
+        assert not (tmp_path / "provenance.db-wal").exists()
+        monkeypatch.setattr(
+            _progress, "open_progress_store", lambda _run: (open_read_only(tmp_path), CAMPAIGN)
+        )
+        out = io.StringIO()
+        with CampaignProgress(live=False, stream=out) as progress:
+            progress.poll(None)
+            assert out.getvalue() == ""
+            writer = ProvenanceStore.open(tmp_path)
+            try:
+                writer.start_round(CAMPAIGN, 0)
+                progress.poll(None)
+            finally:
+                writer.close()
+        assert out.getvalue().splitlines() == ["round 0: started"]
