@@ -90,7 +90,7 @@ async def run_campaign(
     settings = Settings.from_env(env)  # a bad variable stops here, before any write
     arm_failpoints(settings)
     holder = owner or hooks.flow_run_id or f"process:{socket.gethostname()}:{os.getpid()}"
-    with hold_lease(store, loaded.spec.name, holder, RecoverySettings.from_env(env)):
+    with hold_lease(store, loaded.spec.name, holder, RecoverySettings.from_env(env)) as previous:
         return await _run_rounds(
             loaded,
             site,
@@ -100,6 +100,7 @@ async def run_campaign(
             work_dir=work_dir,
             approvers_dir=approvers_dir,
             run_link=run_link,
+            killed=previous is not None and not previous.released,
         )
 
 
@@ -113,6 +114,7 @@ async def _run_rounds(
     work_dir: Path | None,
     approvers_dir: Path | None,
     run_link: Callable[[], tuple[str, str] | None] | None,
+    killed: bool,
 ) -> CampaignResult:
     from tasks import AllocationExecutor
 
@@ -125,9 +127,12 @@ async def _run_rounds(
         )
         hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, notifier.on_event))
     checkpoint = store.load_checkpoint(name)
-    if before in ("running", "failed") and checkpoint.last_completed_round is not None:
-        # Started again after a crash or a stopped runner, not after an approval.
-        hooks.on_event("recovered", {"round": checkpoint.last_completed_round + 1})
+    done = checkpoint.last_completed_round
+    if before in ("running", "failed") and (done is not None or before == "failed" or killed):
+        # Started again after a crash or a stopped runner, not after an approval; also
+        # when the crash came before round 0 completed (a fresh campaign says "running"
+        # too, but no earlier run left its lease unreleased or recorded a failure).
+        hooks.on_event("recovered", {"round": 0 if done is None else done + 1})
     store.set_campaign_status(name, "running")
     failpoint("campaign_start")
     folder = str(work_dir) if work_dir is not None else None

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from flows._provenance import CampaignFenced, ProvenanceStore
+from flows._provenance import CampaignFenced, LeaseRow, ProvenanceStore
 from flows._settings import Settings
 from policies import SpecInvalid
 
@@ -56,8 +56,11 @@ class RecoverySettings:
 @contextlib.contextmanager
 def hold_lease(
     store: ProvenanceStore, campaign: str, owner: str, settings: RecoverySettings
-) -> Iterator[None]:
+) -> Iterator[LeaseRow | None]:
     """Hold campaign ``campaign``'s lease for ``owner`` while the block runs.
+
+    Yields the lease as the previous run left it (None: never taken); one not
+    ``released`` means that run ended without giving it back: it was killed.
 
     Raises:
         CampaignFenced: a live run holds the lease (recorded as a ``fenced_out`` event;
@@ -91,7 +94,7 @@ def hold_lease(
     heartbeat = threading.Thread(target=renew, name=f"lease-{campaign}", daemon=True)
     heartbeat.start()
     try:
-        yield
+        yield taken.holder
     finally:
         stop.set()
         heartbeat.join(timeout=5)
