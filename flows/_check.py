@@ -39,7 +39,7 @@ from policies import (
     SpecInvalid,
     load_policy,
 )
-from tasks import Bounds, SiteConfig, fallback_batch, load_site
+from tasks import Bounds, NotifyConfig, SiteConfig, fallback_batch, load_site
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,10 @@ def check_campaign(
     if site_config is not None:
         _runnable_site(site_config, location, site_problems)
         _tasks_fit_walltime(site_config, location, loaded, site_problems)
+        _notify_urls(site_config.notify, site_config.source or location, site_problems)
     rules = 0
     if loaded is not None:
+        _notify_urls(loaded.spec.notify, source, problems)
         rules = _rules(loaded, problems)
         _simulation(loaded, environment, problems)
         _fallback(loaded, problems)
@@ -136,6 +138,18 @@ def _site(
             text = _named(where, field, None, exc.message)
             problems.append(Problem(where, field or "--site", text))
         return None, None
+
+
+def _notify_urls(notify: NotifyConfig | None, source: str | None, problems: list[Problem]) -> None:
+    """Refuse a ``[notify]`` URL that Apprise cannot use (named by index, never shown)."""
+    if notify is None:
+        return
+    from flows._engine._notify import url_problem
+
+    for index, url in enumerate(notify.urls):
+        why = url_problem(url.get_secret_value())
+        if why is not None:
+            problems.append(Problem.at(source or "site", f"notify.urls[{index}]", why))
 
 
 def _named(where: str, field: str | None, path: str | None, message: str) -> str:

@@ -159,6 +159,12 @@ class NotifyConfig(BaseModel):
 
     model_config = _STRICT
 
+    urls: list[SecretStr] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Apprise URLs (slack://, workflows:// for Teams, matrixs://, ntfys://, "
+        "mailtos://, json://...), one channel each; secrets: write '${VAR}' in a site config.",
+    )
     webhook_url: SecretStr | None = Field(
         default=None,
         description="Slack/Mattermost-compatible incoming webhook (POST {'text': ...}); "
@@ -187,6 +193,15 @@ class NotifyConfig(BaseModel):
     def _webhook(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not _URL.match(value.get_secret_value()):
             raise ValueError("expected an http(s):// URL")
+        return value
+
+    @field_validator("urls")
+    @classmethod
+    def _apprise_urls(cls, value: list[SecretStr]) -> list[SecretStr]:
+        # Only the shape here (tasks does not import Apprise); `check` asks Apprise itself.
+        for index, url in enumerate(value):
+            if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]{0,31}://", url.get_secret_value()):
+                raise ValueError(f"urls[{index}]: expected an Apprise URL such as 'ntfys://...'")
         return value
 
 
@@ -234,7 +249,8 @@ class SiteConfig(BaseModel):
         default_factory=dict, description="Named secrets, usually '${ENV_VAR}' references."
     )
     notify: NotifyConfig | None = Field(
-        default=None, description="Notifications for this site's campaigns (webhook, email)."
+        default=None,
+        description="Notifications for this site's campaigns (Apprise URLs, webhook, email).",
     )
 
     _source: str | None = PrivateAttr(default=None)

@@ -1,33 +1,49 @@
-"""Tell people when a campaign waits, stops, fails or recovers: a webhook and email.
+"""Tell people when a campaign waits, stops, fails or recovers: Apprise URLs, a webhook, email.
 
 Why here and not Prefect's notification blocks or automations: the events are the
 engine's (a policy blocked round 3, an approval waits for alice with this deadline),
 they must reach people for campaigns run without Prefect too, and a delivery must
-never touch the campaign. So this is stdlib ``smtplib`` and one ``httpx`` POST,
-called from the engine's event hook, and a delivery that fails is logged and
-recorded, never raised.
+never touch the campaign. So the engine's event hook calls this module, and a
+delivery that fails is logged and recorded, never raised.
+
+Every channel goes through Apprise (the library Prefect's own notification blocks
+use), which speaks Slack, Teams, Matrix, ntfy, email and about a hundred more by
+URL: each of ``[notify] urls`` is a channel, and the older settings are expressed
+as Apprise URLs too. ``webhook_url`` becomes a ``json://`` URL whose payload is
+remapped to exactly ``{"text": ...}`` (what Slack and Mattermost incoming webhooks
+read, and what this setting always posted); the SMTP settings become one
+``mailto://`` URL (plain SMTP, as before: no STARTTLS unless a ``mailtos://`` URL
+asks for it).
 
 Every delivery attempt is a line of ``notifications.jsonl`` in the campaign's
-directory (kind, channel, ``sent`` or ``failed`` with the error's type). The same
-notice is sent once: a flow that runs again from the top after a resume replays
-its suspend event, and the journal's ``sent`` lines stop a second message.
+directory (kind, channel, ``sent`` or ``failed`` with a reason). The same
+notice is sent once per channel: a flow that runs again from the top after a resume
+replays its suspend event, and the journal's ``sent`` lines stop a second message.
 Messages carry names, rounds, codes and links, never proposal content or secrets.
+
+An Apprise URL holds its service's token or password, so a URL is a secret: a
+channel is named by its scheme and host only (``ntfys://ntfy.example.org``; the
+scheme alone where the host part is a token, as in ``slack://T1/B2/C3``), and while
+Apprise works, its log records (and urllib3's) have every secret part of the URL
+masked, as they would otherwise show the path or the whole URL.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
-import smtplib
+import re
 import threading
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
-
-import httpx
+from types import ModuleType
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from flows._paths import append_private
 from tasks import NotifyConfig
@@ -37,9 +53,191 @@ log = logging.getLogger("unattended.notify")
 # Engine event -> notice kind (``stopped`` splits by the run's status).
 _KINDS = {"suspend": "suspend", "failed": "failed", "recovered": "recovered"}
 
+# The loggers that can print a URL while Apprise delivers: Apprise's own (its debug
+# lines show the URL it posts to, its errors an URL it cannot parse) and urllib3's
+# (each request's path).
+_CHATTY_LOGGERS = ("apprise", "urllib3.connectionpool")
+_MASK = "***"
+_HOST = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+$")
+
+
+class Channel(NamedTuple):
+    """One place a notice goes: a name safe to show, and the Apprise URL (a secret)."""
+
+    name: str
+    url: str
+    whole_text: bool  # the text goes in the body as it is (no title): the webhook's payload
+
+
+def channel_name(url: str) -> str:
+    """Return ``scheme://host`` for ``url``, or ``scheme`` where the host is not a host.
+
+    Many Apprise URLs carry a token where a host would be (``tgram://BOTTOKEN/...``,
+    ``discord://ID/TOKEN``, ``ntfy://TOPIC``): only a DNS name, an IP address or
+    ``localhost`` is shown.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return "invalid"
+    scheme = parts.scheme.lower() or "invalid"
+    if host == "localhost" or _HOST.match(host) or _is_ip(host):
+        return f"{scheme}://{host}"
+    return scheme
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def secret_parts(url: str) -> list[str]:
+    """Return the pieces of ``url`` that may be secret, longest first (to mask in logs).
+
+    Everything but the scheme and a real host: user, password, path segments, query
+    values, fragment, and the host itself when it is a token.
+    """
+    pieces = {url}
+    try:
+        parts = urlsplit(url)
+        userinfo, _, host = parts.netloc.rpartition("@")
+        pieces.update([userinfo, parts.username or "", parts.password or "", parts.fragment])
+        pieces.update(parts.path.split("/"))
+        pieces.update(value for _, value in parse_qsl(parts.query, keep_blank_values=True))
+        if "://" not in channel_name(url):
+            # A token where the host would be (as written: urlsplit lowercases hostname),
+            # with what looks like a port (Telegram's ``ID:TOKEN``).
+            pieces.update([host, *host.split(":")])
+    except ValueError:
+        # Not even a URL to split: mask whatever follows the scheme.
+        pieces.add(url.partition("://")[2])
+    pieces |= {unquote(piece) for piece in pieces} | {quote(piece, safe="") for piece in pieces}
+    # A piece of three characters or fewer is no secret, and masking it would mangle logs.
+    return sorted((piece for piece in pieces if len(piece) > 3), key=len, reverse=True)
+
+
+class _Masking(logging.Filter):
+    """Mask the secret parts of the URLs being delivered in every record of a logger."""
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        masked = text
+        for secret in self.secrets:
+            masked = masked.replace(secret, _MASK)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
+
+
+@contextmanager
+def masked_logs(urls: Sequence[str]) -> Iterator[None]:
+    """Mask the secret parts of ``urls`` in Apprise's and urllib3's log records meanwhile."""
+    secrets = sorted({s for url in urls for s in secret_parts(url)}, key=len, reverse=True)
+    mask = _Masking(secrets)
+    loggers = [logging.getLogger(name) for name in _CHATTY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(mask)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(mask)
+
+
+def webhook_as_apprise(url: str) -> str:
+    """Return the Apprise ``json(s)://`` URL that posts exactly ``{"text": <body>}`` to ``url``.
+
+    Apprise's JSON payload is ``version, title, message, attachments, type``; the
+    ``:field=`` parameters rename ``message`` to ``text`` and drop the rest. The
+    webhook's own query parameters become Apprise's ``-name=value`` ones (passed on).
+    """
+    parts = urlsplit(url)
+    scheme = "jsons" if parts.scheme.lower() == "https" else "json"
+    query = [(f"-{name}", value) for name, value in parse_qsl(parts.query, keep_blank_values=True)]
+    query += [(":message", "text")] + [(f":{drop}", "") for drop in _JSON_FIELDS_DROPPED]
+    return f"{scheme}://{parts.netloc}{parts.path or '/'}?{urlencode(query)}"
+
+
+_JSON_FIELDS_DROPPED = ("version", "title", "attachments", "type")
+
+
+def email_as_apprise(config: NotifyConfig) -> str:
+    """Return the Apprise ``mailto://`` URL for the SMTP settings (plain SMTP, as before)."""
+    query = urlencode(
+        {
+            "from": config.email_from,
+            "to": ",".join(config.email_to),
+            "mode": "insecure",
+            "format": "text",
+        }
+    )
+    host = f"[{config.smtp_host}]" if ":" in config.smtp_host else config.smtp_host
+    return f"mailto://{host}:{config.smtp_port}?{query}"
+
+
+def channels(config: NotifyConfig) -> list[Channel]:
+    """Return every channel of ``config``: the webhook, the mailboxes, then each URL.
+
+    The webhook and email keep the channel names they always had (``webhook``,
+    ``email``), so journals written before still stop a second message. Two URLs
+    with the same scheme and host are told apart by ``#2``, ``#3`` in order.
+    """
+    found: list[Channel] = []
+    if config.webhook_url is not None:
+        found.append(
+            Channel("webhook", webhook_as_apprise(config.webhook_url.get_secret_value()), True)
+        )
+    if config.email_to:
+        found.append(Channel("email", email_as_apprise(config), False))
+    seen: dict[str, int] = {}
+    for secret in config.urls:
+        url = secret.get_secret_value()
+        name = channel_name(url)
+        seen[name] = seen.get(name, 0) + 1
+        found.append(Channel(name if seen[name] == 1 else f"{name}#{seen[name]}", url, False))
+    return found
+
+
+def _apprise() -> ModuleType:
+    """Import Apprise (lazily: it loads ~160 plugins, 0.4 s, only when a notice goes out).
+
+    Apprise 2.0's e-mail plugin imports the stdlib ``imghdr``, deprecated since Python
+    3.11; that warning is Apprise's, not a problem of ours, and must not fail a run
+    with warnings as errors (as the tests run).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*imghdr", category=DeprecationWarning)
+        import apprise
+        import apprise.plugins.email  # the module that imports imghdr
+
+    return apprise
+
+
+def url_problem(url: str) -> str | None:
+    """Return why Apprise cannot use ``url`` (without its secret parts), or None."""
+    apprise = _apprise()
+
+    with masked_logs([url]):
+        plugin = apprise.Apprise.instantiate(url, suppress_exceptions=True)
+    if plugin is not None:
+        return None
+    return (
+        f"Apprise cannot use this {channel_name(url)!r} URL (unknown scheme, or a token or "
+        "address it needs is missing or malformed); see the service's page at "
+        "https://github.com/caronc/apprise/wiki"
+    )
+
 
 class Notifier:
-    """Deliver a campaign's notices to its webhook and mailboxes; record every attempt.
+    """Deliver a campaign's notices on each of its channels; record every attempt.
 
     Args:
         config: Where to send, and which events.
@@ -76,41 +274,43 @@ class Notifier:
     def send(self, key: str, kind: str, text: str) -> None:
         """Deliver ``text`` on every channel not yet sent for ``key``; never raise."""
         done = self._sent_channels(key)
-        channels: list[tuple[str, Callable[[str, str], None]]] = []
-        if self.config.webhook_url is not None:
-            channels.append(("webhook", self._post))
-        if self.config.email_to:
-            channels.append(("email", self._mail))
-        for channel, deliver in channels:
-            if channel in done:
+        for channel in channels(self.config):
+            if channel.name in done:
                 continue
             try:
-                deliver(kind, text)
+                error = self._deliver(channel, text)
             except Exception as exc:  # noqa: BLE001  # a notice must never fail the campaign
-                log.warning("notification %s via %s failed: %s", kind, channel, type(exc).__name__)
-                self._record(key, kind, channel, "failed", type(exc).__name__)
+                error = type(exc).__name__
+            if error is None:
+                self._record(key, kind, channel.name, "sent", None)
             else:
-                self._record(key, kind, channel, "sent", None)
+                log.warning("notification %s via %s failed: %s", kind, channel.name, error)
+                self._record(key, kind, channel.name, "failed", error)
 
-    def _post(self, kind: str, text: str) -> None:
-        assert self.config.webhook_url is not None
-        response = httpx.post(
-            self.config.webhook_url.get_secret_value(),
-            json={"text": text},
-            timeout=self.config.timeout_seconds,
-        )
-        response.raise_for_status()
+    def _deliver(self, channel: Channel, text: str) -> str | None:
+        """Send ``text`` through Apprise on ``channel``; return why it failed, or None."""
+        apprise = _apprise()
 
-    def _mail(self, kind: str, text: str) -> None:
-        message = EmailMessage()
-        message["Subject"] = text.splitlines()[0]
-        message["From"] = self.config.email_from
-        message["To"] = ", ".join(self.config.email_to)
-        message.set_content(text)
-        with smtplib.SMTP(
-            self.config.smtp_host, self.config.smtp_port, timeout=self.config.timeout_seconds
-        ) as smtp:
-            smtp.send_message(message)
+        first, _, rest = text.partition("\n")
+        if channel.whole_text:
+            title, body = "", text
+        elif channel.url.lower().startswith(("mailto:", "mailtos:")):
+            title, body = first, text  # the subject, then the whole notice as before
+        else:
+            # Chat services show a title above the body: the first line once, not twice.
+            title, body = (first, rest) if rest else ("", first)
+        with masked_logs([channel.url]):
+            plugin = apprise.Apprise.instantiate(channel.url, suppress_exceptions=True)
+            if plugin is None:
+                return "invalid_url"
+            # Apprise's connect and read timeouts (its ``cto``/``rto`` URL parameters).
+            plugin.socket_connect_timeout = self.config.timeout_seconds
+            plugin.socket_read_timeout = self.config.timeout_seconds
+            bundle = apprise.Apprise()
+            bundle.add(plugin)
+            sent = bundle.notify(title=title, body=body, body_format=apprise.NotifyFormat.TEXT)
+        # Apprise says only whether it worked; why not is in its (masked) warning log.
+        return None if sent else "not_delivered"
 
     def _key(self, notice: str, data: Mapping[str, Any]) -> str:
         # One suspend notice per form (pause key); one stop, failure or recovery per round.
