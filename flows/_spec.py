@@ -362,7 +362,7 @@ def read_campaign(
     loaded = None
     try:
         spec = CampaignSpec.model_validate(raw)
-        loaded = LoadedSpec(spec=spec, path=file, raw=_notify_secrets_masked(raw))
+        loaded = LoadedSpec(spec=spec, path=file, raw=notify_secrets_masked(raw))
     except ValidationError as exc:
         problems += _validation_problems(exc, source)
     if not named_files:
@@ -378,7 +378,7 @@ def read_campaign(
     return loaded, problems
 
 
-def _notify_secrets_masked(raw: dict[str, Any]) -> dict[str, Any]:
+def notify_secrets_masked(raw: dict[str, Any]) -> dict[str, Any]:
     """Return ``raw`` with ``[notify]``'s URLs shown as ``<secret scheme://host>``.
 
     The raw spec is what the provenance records (and ``inspect``/``export`` show); an

@@ -151,10 +151,15 @@ def show_stored_completion(spec: str, site: str | None) -> bool:
             rounds = read_progress(store, name)
     except Exception:  # noqa: BLE001  # no readable record: submit as usual, the flow reports it
         return False
-    if (
-        recorded["spec"] != jsonable(checked.loaded.raw)
-        or recorded["seed"] != checked.loaded.spec.seed
-    ):
+    from flows._spec import notify_secrets_masked
+
+    spec_now = jsonable(checked.loaded.raw)  # its [notify] URLs masked, as it is recorded
+    # A record made before URLs were masked holds them in clear: mask it alike to compare.
+    same_spec = recorded["spec"] == spec_now or (
+        isinstance(recorded["spec"], dict)
+        and jsonable(notify_secrets_masked(recorded["spec"])) == spec_now
+    )
+    if not same_spec or recorded["seed"] != checked.loaded.spec.seed:
         raise SpecInvalid(
             f"{checked.loaded.path}: campaign {name!r} is already recorded with a different spec "
             "or seed; give the new campaign another name",
