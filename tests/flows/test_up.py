@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows._prefect._server import load_server_config, running_server
+from flows._prefect._server import ServerHandle, client_env, load_server_config, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
@@ -98,9 +98,7 @@ def node(tmp_path: Path) -> Iterator[LoginNode]:
     try:
         yield login
     finally:
-        login.cli("serve", "--stop")
-        login.cli("server", "stop")
-        login.kill_everything()
+        login.kill_everything()  # a reboot again: nothing here needs a clean stop
 
 
 class TestUp:
@@ -134,10 +132,13 @@ class TestUp:
         assert node.cli("server", "status").returncode == 0
 
     def test_serve_detach_with_a_runner_up_says_so_and_starts_nothing(
-        self, node: LoginNode
+        self, node: LoginNode, prefect_server: ServerHandle
     ) -> None:
-        assert node.cli("up").returncode == 0
+        # The session's server: this is about the runner (the test above starts servers).
+        node.env |= client_env(prefect_server)
+        assert node.cli("serve", "--detach").returncode == 0
         runner = node.runner_pid()
+        assert runner is not None
 
         detached = node.cli("serve", "--detach")
 
