@@ -37,7 +37,7 @@ class TestFollow:
 
         lines = capsys.readouterr().out.splitlines()
         assert code == 5  # EXIT_CODES["awaiting_approval"]
-        assert "round 0: completed" in lines
+        assert any(line.startswith("round 0: completed; best so far ") for line in lines)
         assert "round 1: batch finished: 8 done, 0 failed" in lines
         assert "round 2: waiting for approval (review-round-2)" in lines
         assert any(line.endswith(": Suspended") for line in lines)
