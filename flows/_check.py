@@ -292,18 +292,6 @@ def _runnable_site(
             )
 
 
-def _allocation_walltime(site: SiteConfig) -> tuple[str, float, str] | None:
-    """Return the shortest allocation the site's work runs in: (field, seconds, as written)."""
-    limits: list[tuple[str, float, str]] = []
-    walltime = site.scheduler.walltime_seconds
-    if walltime is not None:
-        limits.append(("scheduler.walltime", walltime, f'"{site.scheduler.walltime}"'))
-    runtime = getattr(site.backend, "runtime_minutes", None)
-    if getattr(site.backend, "kind", None) == "radical_pilot" and runtime is not None:
-        limits.append(("backend.runtime_minutes", runtime * 60.0, str(runtime)))  # the pilot's
-    return min(limits, key=lambda limit: limit[1]) if limits else None
-
-
 def _tasks_fit_walltime(
     site: SiteConfig, location: str | None, loaded: LoadedSpec | None, problems: list[Problem]
 ) -> None:
@@ -315,7 +303,7 @@ def _tasks_fit_walltime(
     ``objective.verifier_limit``) ``cost.verifier_seconds``, else
     ``cost.node_hours_per_verifier`` x 3600.
     """
-    limit = _allocation_walltime(site)
+    limit = site.allocation_limit()
     if limit is None:
         return
     limit_field, walltime, written = limit

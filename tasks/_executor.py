@@ -204,19 +204,21 @@ class AllocationExecutor:
           work is refused. A job still queued has its whole walltime ahead.
 
         Raises:
-            policies.DeadlineExceeded: One unit is longer than ``scheduler.walltime``.
+            policies.DeadlineExceeded: One unit is longer than an allocation
+                (``scheduler.walltime``, or a pilot's shorter ``runtime_minutes``).
             policies.BudgetExceeded: The next allocation is beyond the site's budget.
         """
         if self._watch is None:
             return False
-        walltime = self.site.scheduler.walltime_seconds
+        limit = self.site.allocation_limit()
+        field, walltime = (limit[0], limit[1]) if limit is not None else ("", None)
         first = seconds if unit is None else min(unit, seconds)
         if walltime is not None and first > walltime:
             raise DeadlineExceeded(
                 f"one task takes {first:.0f} s by the site's cost model, longer than "
-                f"scheduler.walltime ({walltime:.0f} s): no allocation can finish it; raise "
-                "the walltime or lower cost.simulation_seconds / cost.verifier_seconds",
-                details={"field": "scheduler.walltime", "seconds": first, "walltime": walltime},
+                f"{field} ({walltime:.0f} s): no allocation can finish it; raise "
+                "it or lower cost.simulation_seconds / cost.verifier_seconds",
+                details={"field": field, "seconds": first, "walltime": walltime},
             )
         if self._watch.is_lost:
             await self.request_allocation()

@@ -292,6 +292,22 @@ class SiteConfig(BaseModel):
                 raise ValueError("secret names are lower_snake_case identifiers")
         return value
 
+    def allocation_limit(self) -> tuple[str, float, str] | None:
+        """Return the shortest allocation the site's work runs in: (field, seconds, as written).
+
+        ``scheduler.walltime`` and, for a RADICAL-Pilot pilot, its ``runtime_minutes``
+        (the pilot ends then whatever the job's walltime): the launcher
+        (``AllocationExecutor.ensure_time``) and ``unattended check`` read this one limit.
+        """
+        limits: list[tuple[str, float, str]] = []
+        walltime = self.scheduler.walltime_seconds
+        if walltime is not None:
+            limits.append(("scheduler.walltime", walltime, f'"{self.scheduler.walltime}"'))
+        if isinstance(self.backend, RadicalPilotBackend):
+            runtime = self.backend.runtime_minutes
+            limits.append(("backend.runtime_minutes", runtime * 60.0, str(runtime)))
+        return min(limits, key=lambda limit: limit[1]) if limits else None
+
     def worker_slots(self) -> int:
         """Return how many tasks the site's workers run at once (for time estimates)."""
         match self.backend:

@@ -100,3 +100,43 @@ class TestEnsureTime:
     def test_a_site_without_jobs_of_its_own_launches_at_once(self) -> None:
         executor = AllocationExecutor(load_site("local", env={}))
         assert asyncio.run(executor.ensure_time(10 * WALLTIME, unit=5 * WALLTIME)) is False
+
+
+class TestPilotRuntime:
+    """A RADICAL-Pilot pilot ends at its ``runtime_minutes``, whatever the job's walltime.
+
+    The launcher judges against the shorter of the two, as ``unattended check`` does.
+    """
+
+    @staticmethod
+    def _pilot_executor(watch: _Watch, *, runtime_minutes: int) -> AllocationExecutor:
+        site = load_site("slurm-radical", env={})
+        site = site.model_copy(
+            update={"backend": site.backend.model_copy(update={"runtime_minutes": runtime_minutes})}
+        )
+        assert site.scheduler.walltime_seconds == 4 * 3600.0  # the job's, longer
+        executor = AllocationExecutor(site)
+        executor._watch = watch  # type: ignore[assignment]
+        executor._parts = object()  # type: ignore[assignment]
+        return executor
+
+    def test_a_task_longer_than_the_pilot_is_refused_naming_its_runtime(self) -> None:
+        watch = _Watch(left=None, lost=True)
+        executor = self._pilot_executor(watch, runtime_minutes=10)
+        with pytest.raises(DeadlineExceeded, match=r"longer than backend.runtime_minutes") as err:
+            asyncio.run(executor.ensure_time(1200.0, unit=601.0))
+        assert err.value.details == {
+            "field": "backend.runtime_minutes",
+            "seconds": 601.0,
+            "walltime": 600.0,
+        }
+        assert watch.requests == 0
+
+    def test_work_longer_than_the_pilot_is_split_by_the_pilot_not_the_job(self) -> None:
+        # 30 min of work, 100 s left: against the job's 4 h it would wait for a fresh
+        # allocation that holds it; against the pilot's 10 min no allocation holds it,
+        # so it is split and launched here, one task fitting in what is left.
+        watch = _Watch(left=100.0)
+        executor = self._pilot_executor(watch, runtime_minutes=10)
+        assert asyncio.run(executor.ensure_time(1800.0, unit=60.0)) is False
+        assert watch.requests == 0
