@@ -6,17 +6,19 @@ before measuring), and the demo campaign's provenance (run with the direct runne
 Each command runs in a fresh interpreter (``python -m flows._cli ...``), as a user
 starts it; wall time and CPU time (user + system) are medians over repetitions.
 
-Sides: ``after`` (this checkout) and, with ``--before DIR``, ``before`` (another
-checkout's code, e.g. ``git archive main | tar -x -C DIR``), taking turns in a
-rotated order. Goals: ``status``, ``approvals``, ``approve``, ``status <id>`` <= 0.7 s;
-``inspect``, ``export`` <= 0.5 s on the demo. The load average is printed beside.
+Sides: ``after`` (this checkout) and, with ``--before REF``, ``before`` (another
+version: a commit or tag of this repository, exported with ``git archive``, or a
+directory), taking turns in a rotated order. Goals: ``status``, ``approvals``,
+``approve``, ``status <id>`` <= 0.7 s; ``inspect``, ``export`` <= 0.5 s on the demo.
+The load average is printed beside.
 
-    python benchmarks/commands.py [--reps N] [--before DIR]
+    python benchmarks/commands.py [--reps N] [--before REF|DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -29,6 +31,7 @@ from pathlib import Path
 from uuid import UUID
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _before import checkout, describe
 from campaign import free_port, write_spec
 from latency import Side, load, wait_for
 
@@ -77,8 +80,18 @@ def suspended_runs(side: Side, folder: Path, count: int) -> list[UUID]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5, help="repetitions per side")
-    parser.add_argument("--before", type=Path, metavar="DIR", help="another checkout's code")
+    parser.add_argument(
+        "--before",
+        metavar="REF|DIR",
+        help="also measure another version: a commit or tag of this repository, or a checkout",
+    )
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        before = stack.enter_context(checkout(args.before)) if args.before else None
+        return measure(args, before)
+
+
+def measure(args: argparse.Namespace, before: Path | None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="unattended-bench-commands-"))
     os.chdir(folder)
 
@@ -86,6 +99,8 @@ def main() -> int:
     from flows._prefect._server import ServerConfig, client_env, start_server, stop_server
 
     print(f"load average (1, 5, 15 min) at the start: {load()} on {os.cpu_count()} CPUs")
+    if args.before:
+        print(f"before: {describe(args.before)}")
     config = ServerConfig(port=free_port(), state_dir=folder / "server")
     handle = start_server(config, timeout=180)
     base_env = {**os.environ, **client_env(handle)}
@@ -108,7 +123,7 @@ def main() -> int:
         )
         envs = {"after": env}
         if args.before:
-            envs["before"] = {**env, "PYTHONPATH": str(args.before)}
+            envs["before"] = {**env, "PYTHONPATH": str(before)}
         found: dict[tuple[str, str], list[tuple[float, float]]] = {}
         to_approve = iter(waiting[1:])
         for rep in range(args.reps):

@@ -9,9 +9,9 @@ order rotated each repetition so load drifts hit all alike:
 * ``cold``: ``UNATTENDED_WARM_START=0``, every flow run a fresh spawned process
   importing Prefect and the engine (Prefect's own behaviour); submit and approve
   still go through the runner and nudge it;
-* ``before`` (with ``--before DIR``): the runner and commands of another checkout
-  (``git archive main | tar -x -C DIR``) with its default settings (warm start on
-  where it has one), the figures before this work.
+* ``before`` (with ``--before REF``): the runner and commands of another version, a
+  commit or tag of this repository (exported with ``git archive``) or a directory,
+  with its default settings (warm start on where it has one).
 
 Per repetition and side, from Prefect's and the provenance database's timestamps:
 
@@ -28,7 +28,7 @@ Goals: 1 <= 2 s; 3 (median) <= 1.5 s; 2 (to exit) <= 0.3 s. Medians, with the lo
 average at the start and the end (times stretch with load; the warm/cold ratio
 much less).
 
-    python benchmarks/latency.py [--reps N] [--before DIR]
+    python benchmarks/latency.py [--reps N] [--before REF|DIR]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from typing import Any
 from uuid import UUID
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _before import checkout, describe
 from campaign import free_port, rounds_of, stamp, write_spec
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -312,11 +313,16 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument(
         "--before",
-        type=Path,
-        metavar="DIR",
-        help="also measure a side 'before' running another checkout's code (e.g. main)",
+        metavar="REF|DIR",
+        help="also measure a side 'before': a commit or tag of this repository, or a checkout",
     )
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        before = stack.enter_context(checkout(args.before)) if args.before else None
+        return measure(args, before)
+
+
+def measure(args: argparse.Namespace, before: Path | None) -> int:
     global SIDES
     if args.before is not None:
         SIDES = (*SIDES, "before")
@@ -331,10 +337,11 @@ def main() -> int:
     handle = start_server(config, timeout=180)
     base_env = {**os.environ, **client_env(handle)}
     print(f"server {handle.api_url}; runner polls every {RUNNER_QUERY_SECONDS} s; dir {folder}")
+    if args.before:
+        print(f"before: {describe(args.before)}")
     results: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     sides = {
-        name: Side(name, folder, base_env, args.before if name == "before" else None)
-        for name in SIDES
+        name: Side(name, folder, base_env, before if name == "before" else None) for name in SIDES
     }
     try:
         for rep in range(-1, args.reps):  # rep -1 warms the server and each runner
