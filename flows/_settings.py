@@ -143,6 +143,16 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("UNATTENDED_WATCHDOG_SECONDS", "watchdog_seconds"),
         description="How often the runner's watchdog looks for orphaned runs (seconds).",
     )
+    max_continuations: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        validation_alias=AliasChoices("UNATTENDED_MAX_CONTINUATIONS", "max_continuations"),
+        description=(
+            "Automatic continuations of a crashed or failed run in a row without progress "
+            "before the campaign is stopped (continuations_exhausted)."
+        ),
+    )
     storage_retries: int = Field(
         default=6,
         ge=1,

@@ -32,15 +32,18 @@ class RecoverySettings:
         lease_ttl_seconds: A lease not renewed for this long has expired (5-3600).
         heartbeat_seconds: How often a live run renews its lease (0.2-600; < the TTL).
         watchdog_seconds: How often the runner's watchdog looks for orphaned runs (0.2-600).
+        max_continuations: Automatic continuations in a row without progress (1-100).
     """
 
     lease_ttl_seconds: float = 60.0
     heartbeat_seconds: float = 10.0
     watchdog_seconds: float = 2.0
+    max_continuations: int = 5
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RecoverySettings:
-        """Read ``UNATTENDED_{LEASE_TTL,HEARTBEAT,WATCHDOG}_SECONDS`` (``flows._settings``)."""
+        """Read ``UNATTENDED_{LEASE_TTL,HEARTBEAT,WATCHDOG}_SECONDS`` and
+        ``UNATTENDED_MAX_CONTINUATIONS`` (``flows._settings``)."""
         settings = Settings.from_env(env)
         if settings.heartbeat_seconds >= settings.lease_ttl_seconds:
             raise SpecInvalid(
@@ -49,7 +52,10 @@ class RecoverySettings:
                 details={"field": "heartbeat_seconds"},
             )
         return cls(
-            settings.lease_ttl_seconds, settings.heartbeat_seconds, settings.watchdog_seconds
+            settings.lease_ttl_seconds,
+            settings.heartbeat_seconds,
+            settings.watchdog_seconds,
+            settings.max_continuations,
         )
 
 

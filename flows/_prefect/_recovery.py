@@ -17,7 +17,8 @@ deployment:
 Continuations after a crash or a failure are the campaign's, counted in its
 provenance (``continued`` events marked ``counted``, with the campaign's progress
 when they were made), so the cap and the backoff hold across runner restarts: at
-most ``MAX_CONTINUATIONS`` in a row without progress (a round completed or a task
+most ``max_continuations`` (a setting, ``UNATTENDED_MAX_CONTINUATIONS``, default
+``MAX_CONTINUATIONS``) in a row without progress (a round completed or a task
 result recorded), the k-th waiting ``watchdog_seconds * 2**(k-2)`` after the one
 before. The next one is refused: the campaign is recorded ``failed`` with
 ``continuations_exhausted`` (event of the same kind) and its notice is sent.
@@ -80,8 +81,9 @@ CONTINUABLE_STATUSES = frozenset({"running", "awaiting_approval"})
 TRANSIENT_CODE = "storage_unavailable"
 EXHAUSTED_CODE = "continuations_exhausted"
 # Automatic continuations after a crash or a transient failure, in a row without
-# progress, per campaign (counted in its provenance, whatever runner made them).
-MAX_CONTINUATIONS = 5
+# progress, per campaign (counted in its provenance, whatever runner made them): the
+# default of the setting ``max_continuations``.
+MAX_CONTINUATIONS = RecoverySettings.max_continuations
 
 _log = logging.getLogger(__name__)
 
@@ -226,11 +228,12 @@ class Continuations:
     count: int
     last_at: datetime | None
     progress: Progress
+    cap: int = MAX_CONTINUATIONS
 
     @property
     def exhausted(self) -> bool:
         """True when the cap is reached: the next continuation is refused."""
-        return self.count >= MAX_CONTINUATIONS
+        return self.count >= self.cap
 
     def not_before(self, settings: RecoverySettings) -> datetime | None:
         """Return when the next continuation may start (the doubling pause), or None: now."""
@@ -244,8 +247,13 @@ def _mark(progress: Progress) -> list[int]:
     return [progress.rounds, progress.tasks]
 
 
-def continuations(store: ProvenanceStore, name: str) -> Continuations:
-    """Count campaign ``name``'s continuations in a row without progress (``Continuations``)."""
+def continuations(
+    store: ProvenanceStore, name: str, cap: int = MAX_CONTINUATIONS
+) -> Continuations:
+    """Count campaign ``name``'s continuations in a row without progress (``Continuations``).
+
+    ``cap`` is the setting ``max_continuations``: how many make the campaign stop.
+    """
     progress = store.progress(name)
     count, last_at = 0, None
     for event in store.events(name):
@@ -257,7 +265,24 @@ def continuations(store: ProvenanceStore, name: str) -> Continuations:
                 count += 1
                 moment = event["recorded_at"]
                 last_at = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
-    return Continuations(count=count, last_at=last_at, progress=progress)
+    return Continuations(count=count, last_at=last_at, progress=progress, cap=cap)
+
+
+def recorded_cap(store: ProvenanceStore, name: str) -> tuple[int | None, int | None]:
+    """Return (the cap the runner last counted against, continuations when it stopped).
+
+    Read from the newest ``continued`` and ``continuations_exhausted`` events: the cap
+    is the runner's setting, which another process (``status``) need not share.
+    """
+    cap = stopped_after = None
+    for event in store.events(name):
+        details = event["details"] or {}
+        if event["kind"] == "continued" and details.get("cap") is not None:
+            cap = int(details["cap"])
+        elif event["kind"] == EXHAUSTED_CODE:
+            stopped_after = details.get("continuations")
+            cap = int(details.get("cap", cap or MAX_CONTINUATIONS))
+    return cap, stopped_after
 
 
 def campaign_store(flow_run_or_params: FlowRun | dict[str, Any]) -> tuple[str, ProvenanceStore]:
@@ -417,6 +442,7 @@ class Watchdog:
                         "why": why,
                         "counted": tally is not None,
                         "progress": _mark(tally.progress) if tally is not None else None,
+                        "cap": self.settings.max_continuations,
                     },
                 )
             except UnattendedError:
@@ -482,7 +508,7 @@ class Watchdog:
 
     def _counted_so_far(self, store: ProvenanceStore, name: str) -> Continuations:
         """Return the recorded continuations, or more: this runner's unrecorded ones, if any."""
-        recorded = continuations(store, name)
+        recorded = continuations(store, name, self.settings.max_continuations)
         extra = self.unrecorded.get(name)
         if extra is None or extra.progress != recorded.progress or extra.count <= recorded.count:
             return recorded
@@ -510,7 +536,12 @@ def stop_exhausted(
         name,
         EXHAUSTED_CODE,
         flow_run_id=str(newest.id),
-        details={"continuations": tally.count, "why": why, "progress": _mark(tally.progress)},
+        details={
+            "continuations": tally.count,
+            "cap": tally.cap,
+            "why": why,
+            "progress": _mark(tally.progress),
+        },
     )
     notify_stopped(params, name, index, status="failed", code=EXHAUSTED_CODE)
     message = (
@@ -562,13 +593,15 @@ def recovery_note(
         reason = orphan_reason(flow_run, lease, settings, now, alive)
         due_in = orphan_in(flow_run, lease, settings, now, alive)
         status, code = _status(store, name)
-        tally = continuations(store, name)
+        # The cap the runner counts against (its setting), as it recorded it.
+        cap, stopped_after = recorded_cap(store, name)
+        tally = continuations(store, name, cap or settings.max_continuations)
     finally:
         store.close()
     if status == "failed" and code == EXHAUSTED_CODE:
         return (
-            f"stopped ({EXHAUSTED_CODE}): continued {MAX_CONTINUATIONS} times without "
-            "progress; fix the cause, then 'unattended submit' continues it"
+            f"stopped ({EXHAUSTED_CODE}): continued {stopped_after or tally.cap} times "
+            "without progress; fix the cause, then 'unattended submit' continues it"
         )
     who = _who_continues(tally if reason is not None or counted(flow_run) else None, settings)
     if not runner_alive:
@@ -603,5 +636,5 @@ def _who_continues(tally: Continuations | None, settings: RecoverySettings) -> s
     not_before = tally.not_before(settings) if tally is not None else None
     if not_before is not None:
         within = max(within, (not_before - datetime.now(UTC)).total_seconds())
-    count = f" (continuation {tally.count + 1} of {MAX_CONTINUATIONS})" if tally else ""
+    count = f" (continuation {tally.count + 1} of {tally.cap})" if tally else ""
     return f"the runner continues it within {within:.0f} s{count}"

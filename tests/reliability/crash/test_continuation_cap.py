@@ -6,8 +6,9 @@ environment SIGKILLs every flow-run process it starts as soon as it holds the
 campaign's lease (what a site prologue that always fails does to a run): the runner
 marks each run *Crashed* and its watchdog continues the campaign. The continuations
 are counted in the provenance, so a runner stopped and started again in between does
-not start a new count; after ``MAX_CONTINUATIONS`` the campaign is recorded
-``failed`` with ``continuations_exhausted`` and no further run is started.
+not start a new count; after ``UNATTENDED_MAX_CONTINUATIONS`` (the runner's setting,
+here 4 instead of the default 5) the campaign is recorded ``failed`` with
+``continuations_exhausted`` and no further run is started.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from flows._prefect._recovery import EXHAUSTED_CODE, MAX_CONTINUATIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
-CRASH_EVERY_RUN = {"UNATTENDED_FAILPOINTS": "campaign_start:1"}
+CAP = 4
+assert CAP != MAX_CONTINUATIONS  # the setting is what counts, not the default
+CRASH_EVERY_RUN = {
+    "UNATTENDED_FAILPOINTS": "campaign_start:1",
+    "UNATTENDED_MAX_CONTINUATIONS": str(CAP),
+}
 
 
 def counted_continuations(campaign: Campaign) -> int:
@@ -49,11 +55,11 @@ def test_a_campaign_crashing_on_every_run_stops_at_its_cap_across_a_runner_resta
     wait_until(lambda: counted_continuations(campaign) >= 2, "two continuations")
     login.stop()
     before_restart = counted_continuations(campaign)
-    assert before_restart < MAX_CONTINUATIONS
+    assert before_restart < CAP
 
     login.serve(**CRASH_EVERY_RUN)
     wait_until(lambda: campaign_row(campaign) == ("failed", EXHAUSTED_CODE), "the cap")
-    assert counted_continuations(campaign) == MAX_CONTINUATIONS  # not restarted at 0
+    assert counted_continuations(campaign) == CAP  # not restarted at 0
     exhausted = rows(
         campaign.database, f"SELECT count(*) FROM campaign_event WHERE kind = '{EXHAUSTED_CODE}'"
     )
@@ -66,9 +72,9 @@ def test_a_campaign_crashing_on_every_run_stops_at_its_cap_across_a_runner_resta
     assert all(r["state"]["type"] not in {"RUNNING", "PENDING", "SCHEDULED"} for r in login.runs())
 
     shown = login.cli("status")
-    assert f"stopped ({EXHAUSTED_CODE})" in shown.stdout, shown.stdout
+    assert f"stopped ({EXHAUSTED_CODE}): continued {CAP} times" in shown.stdout, shown.stdout
     assert "continues it within" not in shown.stdout
     print(
-        f"continuation cap: {runs} runs, {MAX_CONTINUATIONS} counted continuations "
+        f"continuation cap: {runs} runs, {CAP} counted continuations "
         f"({before_restart} before the runner's restart)"
     )
