@@ -8,9 +8,13 @@ starts it; wall time and CPU time (user + system) are medians over repetitions.
 
 Sides: ``after`` (this checkout) and, with ``--before REF``, ``before`` (another
 version: a commit or tag of this repository, exported with ``git archive``, or a
-directory), taking turns in a rotated order. Goals: ``status``, ``approvals``,
-``approve``, ``status <id>`` <= 0.7 s; ``inspect``, ``export`` <= 0.5 s on the demo.
-The load average is printed beside.
+directory), taking turns in a rotated order. Both sides read the same provenance,
+made by this checkout: the ``before`` version must know its schema (a database
+at a newer migration than a version knows is refused, by design), so take a
+``before`` at the same migration (``ls flows/_provenance/_migrations``).
+
+Goals: ``status``, ``approvals``, ``approve``, ``status <id>`` <= 0.7 s; ``inspect``,
+``export`` <= 0.5 s on the demo. The load average is printed beside.
 
     python benchmarks/commands.py [--reps N] [--before REF|DIR]
 """
