@@ -452,9 +452,12 @@ def show_runs(*, as_json: bool = False) -> int:
     return 0
 
 
-# Only a run in one of these states can be about to be recovered (orphaned, or ended
-# by a crash, a runner's shutdown or storage): the others are shown without Prefect.
-_RECOVERABLE_STATES = frozenset({"RUNNING", "PENDING", "CRASHED", "CANCELLED", "FAILED"})
+# Only a run in one of these states can be about to be recovered (orphaned, ended by a
+# crash, a runner's shutdown or storage, or a cancel nobody stops): the others are shown
+# without Prefect.
+_RECOVERABLE_STATES = frozenset(
+    {"RUNNING", "PENDING", "CRASHED", "CANCELLED", "CANCELLING", "FAILED"}
+)
 
 
 def _recovery(run: RunView) -> str | None:

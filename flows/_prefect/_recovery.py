@@ -49,7 +49,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.states import Crashed
+from prefect.states import Cancelled, Crashed
 
 from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
@@ -70,6 +70,8 @@ from tasks import load_site
 
 # The message Prefect's runner puts on the runs it cancels when it stops.
 SHUTDOWN_MESSAGE = "Runner is shutting down."
+# The message of a Cancelling run the watchdog ended: nobody was left to stop it.
+CANCEL_ENDED = "cancelled with no process left to stop"
 ACTIVE = {
     StateType.SCHEDULED,
     StateType.PENDING,
@@ -124,6 +126,8 @@ def orphan_reason(
     settings: RecoverySettings,
     now: datetime,
     alive_here: frozenset[str] | set[str] = frozenset(),
+    *,
+    judged: frozenset[StateType] = frozenset({StateType.RUNNING, StateType.PENDING}),
 ) -> str | None:
     """Return why a Running/Pending run is an orphan, or None when it looks alive.
 
@@ -135,7 +139,7 @@ def orphan_reason(
     (by anyone holding the server's secret) with nothing behind it.
     """
     state = flow_run.state
-    if state is None or state.type not in {StateType.RUNNING, StateType.PENDING}:
+    if state is None or state.type not in judged:
         return None
     if str(flow_run.id) in alive_here:
         return None
@@ -175,6 +179,30 @@ def orphan_in(
     return max(0.0, settings.lease_ttl_seconds - _seconds_since(state.timestamp, now))
 
 
+def cancel_left_open(
+    flow_run: FlowRun,
+    lease: LeaseRow | None,
+    settings: RecoverySettings,
+    now: datetime,
+    alive_here: frozenset[str] | set[str] = frozenset(),
+) -> str | None:
+    """Return why a *Cancelling* run has nobody left to end it, or None.
+
+    Prefect's runner stops only the runs it executes: a run proposed Cancelling while
+    its process was gone (the UI's Cancel while the runner tree was down) would stay
+    Cancelling forever. It is judged as ``orphan_reason`` judges a running run, once
+    it has been Cancelling for a heartbeat (a runner killing the run's process sets
+    Cancelled itself).
+    """
+    state = flow_run.state
+    if state is None or state.type != StateType.CANCELLING:
+        return None
+    if _seconds_since(state.timestamp, now) < settings.heartbeat_seconds:
+        return None
+    cancelling = frozenset({StateType.CANCELLING})
+    return orphan_reason(flow_run, lease, settings, now, alive_here, judged=cancelling)
+
+
 def _may_need_action(runs: list[FlowRun], now: datetime) -> bool:
     """Return whether a sweep could act on these runs (judged from Prefect's states alone).
 
@@ -183,7 +211,9 @@ def _may_need_action(runs: list[FlowRun], now: datetime) -> bool:
     else (a completed campaign, one waiting for approval) is skipped before its spec and
     provenance are opened: the watchdog runs every few seconds over every campaign.
     """
-    if any(_state_type(r) in {StateType.RUNNING, StateType.PENDING} for r in runs):
+    # A Cancelling run may have nobody left to end it (``cancel_left_open``).
+    may_be_gone = {StateType.RUNNING, StateType.PENDING, StateType.CANCELLING}
+    if any(_state_type(r) in may_be_gone for r in runs):
         return True
     if any(_state_type(r) in ACTIVE for r in runs):
         return False
@@ -247,9 +277,7 @@ def _mark(progress: Progress) -> list[int]:
     return [progress.rounds, progress.tasks]
 
 
-def continuations(
-    store: ProvenanceStore, name: str, cap: int = MAX_CONTINUATIONS
-) -> Continuations:
+def continuations(store: ProvenanceStore, name: str, cap: int = MAX_CONTINUATIONS) -> Continuations:
     """Count campaign ``name``'s continuations in a row without progress (``Continuations``).
 
     ``cap`` is the setting ``max_continuations``: how many make the campaign stop.
@@ -371,16 +399,24 @@ class Watchdog:
         try:
             lease = store.lease(name)
             for run in runs:
+                left_open = cancel_left_open(run, lease, self.settings, now, alive)
+                if left_open is not None:
+                    # A person's cancel that nobody stopped: end it as they asked (the
+                    # ending is recorded below, as any person's cancel is).
+                    message = f"{CANCEL_ENDED}: {left_open}"
+                    await client.set_flow_run_state(run.id, Cancelled(message=message), force=True)
+                    done.append(f"cancelled {run.id}: {left_open}")
                 reason = orphan_reason(run, lease, self.settings, now, alive)
-                if reason is None:
+                if reason is not None:
+                    await client.set_flow_run_state(
+                        run.id, Crashed(message=f"orphaned: {reason}"), force=True
+                    )
+                    store.record_event(
+                        name, "orphan_crashed", flow_run_id=str(run.id), details={"why": reason}
+                    )
+                    done.append(f"crashed {run.id}: {reason}")
+                if left_open is None and reason is None:
                     continue
-                await client.set_flow_run_state(
-                    run.id, Crashed(message=f"orphaned: {reason}"), force=True
-                )
-                store.record_event(
-                    name, "orphan_crashed", flow_run_id=str(run.id), details={"why": reason}
-                )
-                done.append(f"crashed {run.id}: {reason}")
                 runs = await client.read_flow_runs(
                     flow_run_filter=FlowRunFilter(
                         deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])
@@ -591,6 +627,7 @@ def recovery_note(
     try:
         lease = store.lease(name)
         reason = orphan_reason(flow_run, lease, settings, now, alive)
+        left_open = cancel_left_open(flow_run, lease, settings, now, alive)
         due_in = orphan_in(flow_run, lease, settings, now, alive)
         status, code = _status(store, name)
         # The cap the runner counts against (its setting), as it recorded it.
@@ -603,6 +640,8 @@ def recovery_note(
             f"stopped ({EXHAUSTED_CODE}): continued {stopped_after or tally.cap} times "
             "without progress; fix the cause, then 'unattended submit' continues it"
         )
+    if _state_type(flow_run) == StateType.CANCELLING:
+        return _cancelling_note(left_open, runner_alive=runner_alive, settings=settings)
     who = _who_continues(tally if reason is not None or counted(flow_run) else None, settings)
     if not runner_alive:
         who = "no runner is serving: 'unattended serve --detach' continues it"
@@ -623,6 +662,23 @@ def recovery_note(
     if why is not None and resumable:
         return f"interrupted: {why}; {who}"
     return None
+
+
+def _cancelling_note(
+    left_open: str | None, *, runner_alive: bool, settings: RecoverySettings
+) -> str | None:
+    """Say who ends a Cancelling run, and when (``cancel_left_open``)."""
+    if not runner_alive:
+        return (
+            "cancel asked; no runner is serving to stop it: 'unattended serve --detach' "
+            "ends it as cancelled, and so does 'unattended cancel NAME'"
+        )
+    if left_open is not None:
+        return (
+            f"cancel asked and nobody is left to stop it ({left_open}): the runner ends "
+            f"it as cancelled within {settings.watchdog_seconds:g} s"
+        )
+    return None  # the runner is stopping it
 
 
 def _who_continues(tally: Continuations | None, settings: RecoverySettings) -> str:
