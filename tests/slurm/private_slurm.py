@@ -1,4 +1,4 @@
-"""A private single-node Slurm under one folder, started and stopped without systemd.
+"""A private Slurm of one node (or several) under one folder, started and stopped without systemd.
 
 Used by ``tests/slurm/conftest.py`` (one cluster per test session) and by
 ``benchmarks/slurm.py``. Everything lives under ``root``: the munge key and socket,
@@ -10,6 +10,11 @@ What the configuration is built on is measured in ``ARCHITECTURE.md`` ("A real S
 on this machine"). Slurm 22.05 does not export ``SLURM_JOB_END_TIME`` (23.02 does):
 a ``TaskProlog`` exports it, and ``SLURM_JOB_START_TIME``, from ``squeue``.
 
+``start_cluster(root, nodes=3)`` starts three nodes ``n1``-``n3`` on this one host,
+each its own ``slurmd -N nX`` on its own port (``ARCHITECTURE.md``, "Several Slurm
+nodes on one machine"); killing one node's slurmd is a node failure among peers. The
+default, one node named after the host, is the cluster every other test uses.
+
 Usage::
 
     failure = ensure_slurm_installed()      # None, or why it cannot be
@@ -20,6 +25,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -96,6 +102,24 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_ports_in_a_row(count: int, *, avoid: int = 0) -> int:
+    """Return the first of ``count`` consecutive free ports on 127.0.0.1 (none is ``avoid``)."""
+    for _ in range(100):
+        first = free_port()
+        wanted = range(first, first + count)
+        if avoid in wanted or wanted[-1] > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as held:
+                for port in wanted:
+                    probe = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise SlurmStartFailed(f"found no {count} free ports in a row on 127.0.0.1")
+
+
 def _memory_mb() -> int:
     with open("/proc/meminfo", encoding="ascii") as meminfo:
         for line in meminfo:
@@ -128,15 +152,32 @@ def slurm_conf(
     munge_socket: Path,
     task_prolog: Path,
     slurmd_timeout: int = 30,
+    nodes: int = 1,
 ) -> str:
-    """Return the slurm.conf of a single-node cluster living under ``root``.
+    """Return the slurm.conf of a cluster living under ``root``.
 
     ``slurmd_timeout`` is how long the controller waits for a silent slurmd before
-    it sets the node DOWN and fails its jobs (``NODE_FAIL``).
+    it sets the node DOWN and fails its jobs (``NODE_FAIL``). With ``nodes`` > 1 the
+    nodes are ``n1``..``nN`` on this host, on ports ``slurmd_port``.. onwards, each
+    with ``cpus`` CPUs; one node is named after the host, as before.
     """
     overrides = ["SlurmdParameters=config_overrides"] if cpus != (os.cpu_count() or 1) else []
+    # Several slurmd on one host: each its own spool, pid and log file (%n: node name).
+    node_part, pid_part = ("%n", "-%n") if nodes > 1 else ("", "")
+    if nodes > 1:
+        last = slurmd_port + nodes - 1
+        node_lines = [
+            f"NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
+            f"Port=[{slurmd_port}-{last}] CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
+            f"PartitionName=debug Nodes=n[1-{nodes}] Default=YES MaxTime=INFINITE State=UP",
+        ]
+    else:
+        node_lines = [
+            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
+            f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+        ]
     lines = [
-        "# A private single-node cluster for tests (tests/slurm/private_slurm.py).",
+        f"# A private {nodes}-node cluster for tests (tests/slurm/private_slurm.py).",
         "ClusterName=unattended",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={ctld_port}",
@@ -149,11 +190,11 @@ def slurm_conf(
         "CredType=cred/munge",
         f"AuthInfo=socket={munge_socket}",
         f"StateSaveLocation={root / 'state'}",
-        f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmdSpoolDir={root / 'spool' / node_part}",
         f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}",
-        f"SlurmdPidFile={root / 'run' / 'slurmd.pid'}",
+        f"SlurmdPidFile={root / 'run' / f'slurmd{pid_part}.pid'}",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-        f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+        f"SlurmdLogFile={root / 'log' / f'slurmd{pid_part}.log'}",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -177,15 +218,18 @@ def slurm_conf(
         f"SlurmdTimeout={slurmd_timeout}",
         f"TaskProlog={task_prolog}",
         *overrides,
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
-        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+        *node_lines,
     ]
     return "\n".join(lines) + "\n"
 
 
 @dataclass
 class SlurmCluster:
-    """A running private cluster: its folder, config, host and client environment."""
+    """A running private cluster: its folder, config, host, nodes and client environment.
+
+    ``nodes`` are the node names (one named after the host, or ``n1``..``nN``);
+    ``cpus`` is per node.
+    """
 
     root: Path
     conf: Path
@@ -194,7 +238,31 @@ class SlurmCluster:
     ctld_port: int
     slurmd_port: int
     env: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()
     _stopped: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes = (self.host,)
+
+    def _node_files(self, node: str | None) -> tuple[str, Path, Path, Path]:
+        """Return a node's name, pid file, log file and spool folder (default: the first)."""
+        name = node or self.nodes[0]
+        if name not in self.nodes:
+            raise SlurmStartFailed(f"no node {name!r} in this cluster ({', '.join(self.nodes)})")
+        if len(self.nodes) == 1:
+            return (
+                name,
+                self.root / "run" / "slurmd.pid",
+                self.root / "log" / "slurmd.log",
+                (self.root / "spool"),
+            )
+        return (
+            name,
+            self.root / "run" / f"slurmd-{name}.pid",
+            self.root / "log" / f"slurmd-{name}.log",
+            self.root / "spool" / name,
+        )
 
     @property
     def jobcomp(self) -> Path:
@@ -220,9 +288,18 @@ class SlurmCluster:
         return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
     def node_state(self) -> str:
-        """Return the node's state as sinfo prints it (idle, mixed, alloc, down, ...)."""
+        """Return the node's state as sinfo prints it (idle, mixed, alloc, down, ...).
+
+        With several nodes: one line per node.
+        """
         done = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
         return done.stdout.strip().lower()
+
+    def node_states(self) -> dict[str, str]:
+        """Return each node's state by name (``{"n1": "idle", "n2": "down*", ...}``)."""
+        done = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+        pairs = (line.split() for line in done.stdout.splitlines())
+        return {pair[0]: pair[1].lower() for pair in pairs if len(pair) == 2}
 
     def cancel_all(self, *, wait: float = 20.0) -> None:
         """Cancel every job and wait (bounded) until none is pending or running."""
@@ -237,28 +314,29 @@ class SlurmCluster:
         """Wait until no job is listed and the node is idle."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.job_ids() and self.node_state() == "idle":
+            if not self.job_ids() and set(self.node_state().splitlines()) == {"idle"}:
                 return
             time.sleep(0.3)
-        raise SlurmStartFailed(f"node not idle after {timeout:.0f} s: {self.node_state()!r}")
+        raise SlurmStartFailed(f"nodes not idle after {timeout:.0f} s: {self.node_state()!r}")
 
-    def kill_slurmd(self) -> int:
-        """SIGKILL slurmd (a node half-dying: its jobs' processes live on); return its pid."""
-        pid = _read_pid(self.root / "run" / "slurmd.pid")
+    def kill_slurmd(self, node: str | None = None) -> int:
+        """SIGKILL a node's slurmd (half-dying: its jobs' processes live on); return its pid."""
+        name, pid_file, _, _ = self._node_files(node)
+        pid = _read_pid(pid_file)
         if pid is None or not _alive(pid):
-            raise SlurmStartFailed("slurmd is not running")
+            raise SlurmStartFailed(f"slurmd of {name} is not running")
         os.kill(pid, signal.SIGKILL)
         while _alive(pid):
             time.sleep(0.05)
         return pid
 
-    def start_slurmd(self, timeout: float = _START_TIMEOUT) -> None:
-        """Start slurmd again (after ``kill_slurmd``); it registers with the controller."""
-        log = self.root / "log" / "slurmd.log"
-        pid_file = self.root / "run" / "slurmd.pid"
+    def start_slurmd(self, node: str | None = None, timeout: float = _START_TIMEOUT) -> None:
+        """Start a node's slurmd (after ``kill_slurmd``); it registers with the controller."""
+        name, pid_file, log, spool = self._node_files(node)
+        spool.mkdir(parents=True, exist_ok=True)
         pid_file.unlink(missing_ok=True)
-        _daemon([_program("slurmd"), "-f", str(self.conf), "-N", self.host], log)
-        _wait_for(pid_file, "slurmd", timeout, log)
+        _daemon([_program("slurmd"), "-f", str(self.conf), "-N", name], log)
+        _wait_for(pid_file, f"slurmd of {name}", timeout, log)
 
     def wait_steps_ended(self, timeout: float = 60.0) -> None:
         """Wait until no job step runs on the node (slurmstepd's sockets are gone).
@@ -267,9 +345,13 @@ class SlurmCluster:
         up only once slurmd is back: stopping the daemons earlier would leave its
         slurmstepd behind.
         """
+        spools = [self._node_files(node)[3] for node in self.nodes]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not list((self.root / "spool").glob(f"{self.host}_*")):
+            if not any(
+                list(spool.glob(f"{node}_*"))
+                for node, spool in zip(self.nodes, spools, strict=True)
+            ):
                 return
             time.sleep(0.2)
         raise SlurmStartFailed(f"job steps still on the node after {timeout:.0f} s")
@@ -282,7 +364,9 @@ class SlurmCluster:
         try:
             self.cancel_all()
         finally:
-            for name in ("slurmd", "slurmctld", "munged"):
+            for node in self.nodes:
+                _kill_by_pid_file(self._node_files(node)[1])
+            for name in ("slurmctld", "munged"):
                 _kill_by_pid_file(self.root / "run" / f"{name}.pid")
 
 
@@ -368,6 +452,7 @@ def start_cluster(
     cpus: int | None = None,
     timeout: float = _START_TIMEOUT,
     slurmd_timeout: int = 30,
+    nodes: int = 1,
 ) -> SlurmCluster:
     """Start munged, slurmctld and slurmd under ``root``; run a probe job; return the cluster.
 
@@ -378,6 +463,8 @@ def start_cluster(
         timeout: Seconds each step may take.
         slurmd_timeout: ``SlurmdTimeout``: seconds without an answer from slurmd
             before the node is DOWN and its jobs end ``NODE_FAIL``.
+        nodes: How many nodes, each its own slurmd with ``cpus`` CPUs: one (named
+            after the host) by default, else ``n1``..``nN``.
 
     Raises:
         SlurmStartFailed: A daemon or the probe job failed; the message names the log.
@@ -396,9 +483,10 @@ def start_cluster(
     conf = root / "slurm.conf"
     prolog.write_text(_TASK_PROLOG.format(conf=conf, squeue=_program("squeue")), encoding="ascii")
     os.chmod(prolog, 0o755)
-    ctld_port, slurmd_port = free_port(), free_port()
-    while slurmd_port == ctld_port:
-        slurmd_port = free_port()
+    if nodes < 1:
+        raise SlurmStartFailed(f"nodes must be at least 1, not {nodes}")
+    ctld_port = free_port()
+    slurmd_port = free_ports_in_a_row(nodes, avoid=ctld_port)
     conf.write_text(
         slurm_conf(
             root,
@@ -410,6 +498,7 @@ def start_cluster(
             munge_socket=munge_socket,
             task_prolog=prolog,
             slurmd_timeout=slurmd_timeout,
+            nodes=nodes,
         ),
         encoding="ascii",
     )
@@ -421,6 +510,7 @@ def start_cluster(
         ctld_port=ctld_port,
         slurmd_port=slurmd_port,
         env=client_env(conf),
+        nodes=(host,) if nodes == 1 else tuple(f"n{k}" for k in range(1, nodes + 1)),
     )
     log = root / "log"
     try:
@@ -439,11 +529,11 @@ def start_cluster(
         _wait_for(munge_socket, "munged", timeout, log / "munged.log")
         _daemon([_program("slurmctld"), "-f", str(conf), "-i"], log / "slurmctld.log")
         _wait_for(root / "run" / "slurmctld.pid", "slurmctld", timeout, log / "slurmctld.log")
-        _daemon([_program("slurmd"), "-f", str(conf), "-N", host], log / "slurmd.log")
-        _wait_for(root / "run" / "slurmd.pid", "slurmd", timeout, log / "slurmd.log")
+        for node in cluster.nodes:
+            cluster.start_slurmd(node, timeout)
         cluster.wait_idle(timeout)
         # The first job after a fresh start takes ~3.5 s; later ones ~1 s.
-        cluster.run(["srun", "-N1", "-n1", "-t", "1", "true"], timeout=timeout)
+        cluster.run(["srun", f"-N{nodes}", f"-n{nodes}", "-t", "1", "true"], timeout=timeout)
     except BaseException:
         cluster.stop()
         raise
@@ -475,14 +565,18 @@ def load_cluster(root: Path) -> SlurmCluster:
         if "=" in line and not line.startswith("#"):
             name, _, value = line.partition("=")
             values.setdefault(name, value)
+    host = values["SlurmctldHost"].split("(")[0]
+    node_name = values["NodeName"].split()[0]
+    count = int(node_name.split("-")[1].rstrip("]")) if node_name.startswith("n[1-") else 1
     return SlurmCluster(
         root=root,
         conf=conf,
-        host=values["SlurmctldHost"].split("(")[0],
+        host=host,
         cpus=int(values["NodeName"].split("CPUs=")[1].split()[0]),
         ctld_port=int(values["SlurmctldPort"]),
         slurmd_port=int(values["SlurmdPort"]),
         env=client_env(conf),
+        nodes=(host,) if count == 1 else tuple(f"n{k}" for k in range(1, count + 1)),
     )
 
 
@@ -493,14 +587,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("root", type=Path)
-    parser.add_argument("--cpus", type=int, default=None)
+    parser.add_argument("--cpus", type=int, default=None, help="CPUs per node")
+    parser.add_argument("--nodes", type=int, default=1, help="slurmd daemons (n1..nN)")
     args = parser.parse_args(argv)
     if args.action == "start":
         failure = ensure_slurm_installed()
         if failure is not None:
             print(f"cannot start Slurm here: {failure}")
             return 1
-        cluster = start_cluster(args.root, cpus=args.cpus)
+        cluster = start_cluster(args.root, cpus=args.cpus, nodes=args.nodes)
         print(f"export SLURM_CONF={cluster.conf}")
         return 0
     load_cluster(args.root).stop()
