@@ -8,6 +8,11 @@ so tasks still waiting for a worker come back ``interrupted`` instead of waiting
 forever. The campaign then asks for the next allocation (``AllocationWatch.request``
 through the executor), within the site's budget of allocations and node-hours.
 
+An allocation of several jobs (Dask workers as jobs spread over nodes) can lose one
+while the others run on: ``on_job_ended`` is then called with that job, once, so
+the backend retires its workers (a job Slurm failed may leave them running on a
+node whose ``slurmd`` died) and its tasks run again on the jobs still alive.
+
 The budget is the campaign's, not this process's: a watch starts from ``BudgetUsed``,
 what the campaign's provenance records of earlier runs (requests made, node-hours
 charged), so a campaign whose runs crash and are continued stops at its limit.
@@ -32,6 +37,9 @@ logger = logging.getLogger("unattended.tasks.allocations")
 AllocationEnd = EndReason | Literal["released"]
 Submit = Callable[[], Awaitable[Sequence[str]]]
 OnChange = Callable[[list["AllocationRecord"]], None]
+OnJobEnded = Callable[[list["AllocationRecord"]], Awaitable[None]]
+#: Seconds a backend may take to retire the workers of a job that ended alone.
+RETIRE_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,8 @@ class AllocationWatch:
 
     ``on_change`` (settable) is called with every record after a request and after
     any poll that changed one: the campaign writes them to its provenance.
+    ``on_job_ended`` (settable, by the backend) is awaited with the jobs of the
+    current request that Slurm ended while others of it still run, once per job.
     """
 
     def __init__(
@@ -173,7 +183,9 @@ class AllocationWatch:
         self._poller: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._catching_up: asyncio.Future[None] | None = None
+        self._ended_alone: set[str] = set()
         self.on_change: OnChange | None = None
+        self.on_job_ended: OnJobEnded | None = None
 
     # ---- what callers read -------------------------------------------------------
     @property
@@ -296,6 +308,30 @@ class AllocationWatch:
                 future.set_result(last)
         if changed or self._records != before:
             self._notify()
+        await self._retire_ended_alone(current)
+
+    async def _retire_ended_alone(self, current: list[AllocationRecord]) -> None:
+        """Hand the jobs Slurm ended while their peers run on to ``on_job_ended``, once each."""
+        if self.on_job_ended is None or all(r.ended for r in current):
+            return
+        ended = [
+            r
+            for r in current
+            if r.ended and r.end_reason != "released" and r.job_id not in self._ended_alone
+        ]
+        if not ended:
+            return
+        self._ended_alone.update(r.job_id for r in ended)
+        logger.warning(
+            "%s ended while %d job(s) of the allocation run on: retiring its workers",
+            ", ".join(r.describe() for r in ended),
+            sum(not r.ended for r in current),
+        )
+        try:
+            async with asyncio.timeout(RETIRE_TIMEOUT):
+                await self.on_job_ended(ended)
+        except Exception:  # the next request retires them anyway
+            logger.exception("retiring the workers of %s failed", [r.job_id for r in ended])
 
     async def saw_task_in(self, job_id: str | None) -> None:
         """A task ran in ``job_id``: if that job has not been seen start, ask ``squeue`` now.

@@ -31,7 +31,6 @@ import os
 import pickle
 import re
 import shlex
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -44,7 +43,13 @@ import cloudpickle
 
 from policies import UnattendedError
 from tasks._asyncflow_internals import forget_finished, task_uid
-from tasks._executables import ExecOutcome, SpawnFailed, run_executable, run_executable_blocking
+from tasks._executables import (
+    ExecOutcome,
+    SpawnFailed,
+    node_name,
+    run_executable,
+    run_executable_blocking,
+)
 from tasks._results import ExecutableTask, FunctionTask, TaskStatus, jsonable, tail
 
 if TYPE_CHECKING:
@@ -130,7 +135,7 @@ async def remote_call(payload: bytes, offload: bool) -> tuple[str, str | None, f
     else:
         value = _call(fn, args, kwargs)
     job_id = os.environ.get("SLURM_JOB_ID") or None
-    return socket.gethostname(), job_id, time.perf_counter() - started, value
+    return node_name(), job_id, time.perf_counter() - started, value
 
 
 def dask_key(key: str) -> str:

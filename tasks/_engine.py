@@ -243,14 +243,16 @@ async def _jobqueue_cluster(
             details={"file": site.source, "field": placeholders[0]},
         )
     cluster = await start_jobqueue_cluster(site, spec, log_directory(site, work_dir))
+    jobs = WorkerJobs(cluster, spec.jobqueue.jobs)
     watch = AllocationWatch(
-        WorkerJobs(cluster, spec.jobqueue.jobs).submit,
+        jobs.submit,
         env=os.environ,
         poll_seconds=site.scheduler.poll_seconds,
         max_allocations=site.scheduler.max_allocations,
         max_node_hours=site.scheduler.max_node_hours,
         used=used,
     )
+    watch.on_job_ended = jobs.retire_jobs
     try:
         await watch.request()
     except BaseException:

@@ -26,6 +26,16 @@ from typing import Any
 
 from tasks._results import STDERR_TAIL_CHARS, ExecutableTask
 
+
+def node_name() -> str:
+    """Return the node this process runs on: Slurm's name for it inside a job, else the host.
+
+    Several Slurm nodes may share one host (``slurmd -N``); ``SLURMD_NODENAME`` is the
+    name ``squeue`` and ``sinfo`` use, which on most clusters is the short host name.
+    """
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 #: File descriptors one running executable may hold: three pipes while spawning
 #: (both ends), the exec-error pipe and a pidfd.
 FDS_PER_EXECUTABLE = 8
@@ -187,7 +197,7 @@ async def run_executable(
         stderr_tail=_decode(stderr)[-STDERR_TAIL_CHARS:],
         timed_out=timed_out,
         runtime=time.perf_counter() - started,
-        host=socket.gethostname(),
+        host=node_name(),
     )
 
 
@@ -235,5 +245,5 @@ def run_executable_blocking(
         stderr_tail=_decode(err[-STDERR_TAIL_CHARS * 4 :])[-STDERR_TAIL_CHARS:],
         timed_out=timed_out,
         runtime=time.perf_counter() - started,
-        host=socket.gethostname(),
+        host=node_name(),
     )

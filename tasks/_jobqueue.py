@@ -22,6 +22,9 @@ private Slurm 22.05, see ``ARCHITECTURE.md``):
   retires the old jobs' workers itself first: the process group of each
   executable they run is killed, then the scheduler removes and closes them, so a
   relaunched task never runs beside, or on, the copy the ended job was running.
+* One job of several ending alone (its node failed) leaves the others running:
+  ``WorkerJobs.retire_jobs`` retires its workers the same way, and Dask gives
+  their tasks to the workers of the jobs still alive (``AllocationWatch.on_job_ended``).
 * Jobs are submitted with ``--no-requeue``: after a node failure the campaign
   relaunches the interrupted tasks itself; a requeued job would keep its id and
   hide that it ended.
@@ -230,6 +233,21 @@ class WorkerJobs:
         if missing:
             raise RuntimeError(f"jobqueue submitted no job for workers {', '.join(missing)}")
         return [str(job_id) for job_id in ids]
+
+    async def retire_jobs(self, records: Collection[Any]) -> None:
+        """Retire the workers of these jobs (``AllocationRecord``s) that ended among peers.
+
+        Their tasks go back to Dask, which runs them on the jobs still alive: the
+        relaunch stays in the same allocation.
+        """
+        ended = {str(record.job_id) for record in records}
+        names = [
+            name
+            for name, job in self.cluster.workers.items()
+            if str(getattr(job, "job_id", None)) in ended
+        ]
+        if names:
+            await self._retire(names)
 
     async def _retire(self, names: list[str]) -> None:
         from distributed.protocol.pickle import dumps

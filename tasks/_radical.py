@@ -202,7 +202,8 @@ WHERE_MARKER = "#unattended-where"
 # in its launch script, where the shell would expand them.
 _WHERE_CODE = (
     "import base64, os, socket, subprocess, sys; "
-    f"print('{WHERE_MARKER}', os.environ.get('SLURM_JOB_ID', ''), socket.gethostname(), "
+    f"print('{WHERE_MARKER}', os.environ.get('SLURM_JOB_ID', ''), "
+    "os.environ.get('SLURMD_NODENAME') or socket.gethostname(), "
     "flush=True); "
     "data = sys.argv[1]; "
     "done = subprocess.run(sys.argv[2:], input=base64.b64decode(data) if data else b''); "

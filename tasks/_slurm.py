@@ -330,7 +330,9 @@ def where_am_i(env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
     Called inside each task on a worker, so the result records where it ran.
     """
     source = os.environ if env is None else env
-    return socket.gethostname(), source.get("SLURM_JOB_ID") or None
+    # Several Slurm nodes may share a host: the node's Slurm name, as squeue prints it.
+    node = source.get("SLURMD_NODENAME") or socket.gethostname()
+    return node, source.get("SLURM_JOB_ID") or None
 
 
 def describe_queue(states: Sequence[AllocationState]) -> str:

@@ -1,0 +1,280 @@
+"""Allocations over several Slurm nodes, and one node dying among its peers.
+
+The module starts its own private Slurm of three nodes ``n1``-``n3`` on this host,
+one CPU each, each its own ``slurmd -N nX`` (``private_slurm.start_cluster(nodes=3)``),
+with a short ``SlurmdTimeout`` so a node whose slurmd dies is failed in ~25 s.
+
+The default test runs a Dask site whose allocation is three worker jobs, one per
+node: a batch spreads over the three nodes (the node each task ran on is recorded),
+then one node's ``slurmd`` is SIGKILLed mid-batch. Only slurmd dies: its job's
+worker and the simulation it runs live on, until Slurm ends that job ``NODE_FAIL``
+and the executor retires its worker. The tasks on the other two nodes finish where
+they started and are kept; the one on the failed node runs again, once, on the
+jobs still alive (the same allocation: Dask can); each completion is counted by a
+log the simulations write, outside the provenance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from private_slurm import (  # type: ignore[import-not-found]
+    SlurmCluster,
+    SlurmStartFailed,
+    ensure_slurm_installed,
+    slurm_local_site,
+    start_cluster,
+)
+from test_executor_on_slurm import (  # type: ignore[import-not-found]
+    completions,
+    dask_holds_nothing_to_run,
+)
+
+from flows._provenance._readers import charged_node_hours
+from tasks import AllocationExecutor, ExecutableTask
+from tasks._allocations import AllocationWatch
+from tasks._slurm import read_jobcomp
+
+pytestmark = pytest.mark.integration
+
+NODES = ("n1", "n2", "n3")
+#: Seconds without an answer from a slurmd before the controller fails its node's jobs.
+SLURMD_TIMEOUT = 5
+
+
+@pytest.fixture(scope="module")
+def three_nodes() -> Iterator[SlurmCluster]:
+    """A private cluster of three one-CPU nodes whose slurmd this module may kill."""
+    failure = ensure_slurm_installed()
+    if failure is not None:
+        pytest.skip(f"SLURM TESTS SKIPPED: {failure}")
+    # AF_UNIX paths (the munge socket) must stay short: not under pytest's tmp_path.
+    root = Path(tempfile.mkdtemp(prefix="unattended-nodes-"))
+    try:
+        cluster = start_cluster(root, cpus=1, nodes=len(NODES), slurmd_timeout=SLURMD_TIMEOUT)
+    except SlurmStartFailed as exc:
+        pytest.fail(f"the private 3-node Slurm did not start: {exc}")
+    try:
+        yield cluster
+        cluster.cancel_all()
+        cluster.wait_steps_ended()  # a failed job's slurmstepd, cleaned up by its slurmd
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def on_three_nodes(
+    three_nodes: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SlurmCluster]:
+    """The module's cluster, every node idle, as this process's Slurm (``SLURM_CONF``)."""
+    monkeypatch.setenv("SLURM_CONF", str(three_nodes.conf))
+    for key in [k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF"]:
+        monkeypatch.delenv(key)
+    three_nodes.cancel_all()
+    three_nodes.wait_idle()
+    yield three_nodes
+    three_nodes.cancel_all()
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]]) -> None:
+    """Return once ``check()`` is true, asking every 0.1 s (the caller bounds the wait)."""
+    while True:
+        answer = check()
+        if not isinstance(answer, bool):
+            answer = await answer
+        if answer:
+            return
+        await asyncio.sleep(0.1)
+
+
+# A simulation that says where it started ("<node> <job>" in "<gate>.started-<index>"),
+# waits for the test's gate, then appends "<index> <node> <job>" to a log of
+# completions. Held at the gate, the task on the node that fails is still running
+# when the executor retires that node's worker: were it not killed, it would
+# complete once the gate opens, and its relaunch again.
+GATED_SIMULATION = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    candidate = json.load(sys.stdin)
+    log, gate = sys.argv[1:3]
+    index = int(candidate[0])
+    where = f"{os.environ.get('SLURMD_NODENAME')} {os.environ.get('SLURM_JOB_ID')}"
+    started = pathlib.Path(f"{gate}.started-{index}")
+    started.with_suffix(".tmp").write_text(where)
+    started.with_suffix(".tmp").rename(started)
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+    with open(log, "a", encoding="ascii") as out:
+        out.write(f"{index} {where}\\n")
+    print(json.dumps({"value": candidate[0]}))
+    """
+)
+
+
+def gated_simulations(log: Path, gate: Path, count: int) -> list[ExecutableTask]:
+    return [
+        ExecutableTask(
+            argv=[sys.executable, "-c", GATED_SIMULATION, str(log), str(gate)],
+            stdin=json.dumps([float(i)]).encode(),
+        )
+        for i in range(count)
+    ]
+
+
+def started_where(gate: Path) -> dict[int, tuple[str, str]]:
+    """Return ``{index: (node, job)}`` of every simulation that has started so far."""
+    found = {}
+    for path in gate.parent.glob(f"{gate.name}.started-*"):
+        if path.suffix == ".tmp":
+            continue
+        node, job = path.read_text().split()
+        found[int(path.name.rsplit("-", 1)[1])] = (node, job)
+    return found
+
+
+async def dask_workers(executor: AllocationExecutor) -> int:
+    client = executor._parts.backend._client  # the test reads Dask's own view
+    return int(await client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.workers)))
+
+
+@pytest.mark.asyncio
+class TestOneNodeOfThreeFails:
+    @pytest.mark.timeout(240)
+    async def test_slurmd_killed_on_one_node_the_others_keep_their_tasks_each_done_once(
+        self, on_three_nodes: SlurmCluster, tmp_path: Path
+    ) -> None:
+        slurm = on_three_nodes
+        log, gate = tmp_path / "completions.txt", tmp_path / "gate"
+        tasks = gated_simulations(log, gate, 6)
+        site = slurm_local_site(backend__jobqueue__jobs=3, scheduler__poll_seconds=1.0)
+        victim: list[tuple[int, str, str]] = []  # (index, node, job) of the killed task
+        before_kill: dict[int, tuple[str, str]] = {}
+
+        async with AllocationExecutor.from_site(site, work_dir=str(tmp_path)) as ex:
+            jobs = [r.job_id for r in ex.allocations]
+
+            async def fail_one_node() -> None:
+                try:
+                    async with asyncio.timeout(200):
+                        # One task started on every node: the batch spans the three.
+                        await until(
+                            lambda: {n for n, _ in started_where(gate).values()} >= set(NODES)
+                        )
+                        before_kill.update(started_where(gate))
+                        index, (node, job) = min(before_kill.items())
+                        victim.append((index, node, job))
+                        slurm.kill_slurmd(node)
+                        # Slurm fails that job; the executor retires its worker.
+                        await until(
+                            lambda: any(
+                                r.job_id == job and r.end_reason is not None for r in ex.allocations
+                            )
+                        )
+                        await until(two_workers_left)
+                finally:
+                    gate.touch()
+
+            async def two_workers_left() -> bool:
+                return await dask_workers(ex) == 2
+
+            breaker = asyncio.ensure_future(fail_one_node())
+            try:
+                results = await ex.run_until_done(tasks, key_prefix="nodes/0")
+                await dask_holds_nothing_to_run(ex)
+            finally:
+                breaker.cancel()
+                await asyncio.gather(breaker, return_exceptions=True)
+                if victim:
+                    slurm.start_slurmd(victim[0][1])
+        records = ex.allocations
+
+        assert victim, "no task started on every node"
+        lost_index, lost_node, lost_job = victim[0]
+        # One allocation of three jobs, one per node; only the victim's ended NODE_FAIL.
+        assert len(jobs) == 3, records
+        assert [r.job_id for r in records] == jobs, records
+        assert {r.request for r in records} == {1}, records
+        failed = next(r for r in records if r.job_id == lost_job)
+        assert (failed.state, failed.end_reason) == ("NODE_FAIL", "node_fail"), records
+        assert failed.nodes == (lost_node,), failed
+        logged = read_jobcomp(slurm.jobcomp, lost_job)  # Slurm's own record agrees
+        assert logged is not None
+        assert logged.state == "NODE_FAIL", logged
+        assert {node for r in records for node in r.nodes} == set(NODES), records
+        # Every task done exactly once, by the simulations' own log.
+        assert all(r.status == "done" for r in results), results
+        assert completions(log) == Counter(range(len(tasks)))
+        lines = log.read_text("ascii").splitlines()
+        assert not [line for line in lines if line.split()[2] == lost_job], lines
+        # The tasks running on the other nodes at the kill finished where they started.
+        for index, (node, job) in before_kill.items():
+            if index != lost_index:
+                assert (results[index].host, results[index].job_id) == (node, job), results
+        # The lost one ran again, in the same allocation, on a node still alive.
+        again = results[lost_index]
+        assert again.job_id in set(jobs) - {lost_job}, again
+        assert again.host in set(NODES) - {lost_node}, again
+        for result in results:
+            assert f"{result.index} {result.host} {result.job_id}" in lines, (result, lines)
+
+
+@pytest.mark.long  # a 3-node job; the 3-node cluster is kept by the node-failure test above
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_a_three_node_allocation_is_charged_for_its_three_nodes(
+    on_three_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    """The budget counts nodes x hours: a job of ``-N 3`` is charged three times its hours."""
+    slurm = on_three_nodes
+
+    async def submit() -> list[str]:
+        done = slurm.run(
+            ["sbatch", "--parsable", "-N", "3", "-t", "5", "--no-requeue",
+             "-o", str(tmp_path / "job.out"), "--wrap", "sleep 300"]
+        )  # fmt: skip
+        return [done.stdout.strip().split(";")[0]]
+
+    watch = AllocationWatch(submit, env=slurm.env, poll_seconds=0.5, max_node_hours=100.0)
+    await watch.request()
+    try:
+        async with asyncio.timeout(60):
+            while watch.current[0].started_at is None:
+                await asyncio.sleep(0.2)
+                await watch.refresh()
+        (record,) = watch.current
+        assert record.node_count == 3, record
+        assert record.nodes == NODES, record
+        assert record.started_at is not None
+        # This run's watch: nodes x hours between the start and now.
+        before = time.time()
+        used = watch.node_hours()
+        after = time.time()
+        assert 3 * (before - record.started_at) / 3600 <= used, (used, record)
+        assert used <= 3 * (after - record.started_at) / 3600, (used, record)
+        # The provenance's reading of the same row, as later runs' budget sees it.
+        start = datetime.fromtimestamp(record.started_at, UTC)
+        row = {
+            "started_at": start.isoformat(),
+            "ended_at": None,
+            "ends_at": datetime.fromtimestamp(record.started_at + 3600, UTC).isoformat(),
+            "node_count": record.node_count,
+        }
+        at = datetime.fromtimestamp(record.started_at + 1800, UTC)
+        assert charged_node_hours(row, at) == pytest.approx(1.5)  # 3 nodes x 0.5 h
+        one_node = {**row, "node_count": 1}
+        assert charged_node_hours(row, at) == pytest.approx(3 * charged_node_hours(one_node, at))
+    finally:
+        slurm.cancel_all()
