@@ -2,9 +2,10 @@
 
 A rejection (``Rejected``, or a pydantic ``ValidationError``) is recorded and,
 while attempts remain, answered with a new attempt. Anything else a producer, a
-check, a score or the fallback raises is a failure and propagates at once; when a
-check fails, the attempt it ended (``failed_by`` the check) is handed to
-``on_failed_attempt`` first, so the caller can record it.
+check, a score or the fallback raises is a failure and propagates at once; when the
+producer or a check fails, the attempt it ended (``failed_by`` the check, or
+``"producer"`` with no value) is handed to ``on_failed_attempt`` first, so the caller
+can record it.
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ async def accept(
         name: Names the gate in telemetry and errors.
         scores: Soft signals run on a value that passed every check; recorded
             on the attempt under the function's name, never gating.
-        on_failed_attempt: Called with the attempt a check failed (raised anything
-            but a rejection): ``failed_by`` names the check, ``reason`` and the
-            verdict's ``details`` come from the error. The error then propagates.
+        on_failed_attempt: Called with the attempt the producer or a check failed
+            (raised anything but a rejection): ``failed_by`` names the check, or is
+            ``"producer"`` (the attempt has no value); ``reason`` and the verdict's
+            ``details`` come from the error. The error then propagates.
 
     Returns:
         The ``Outcome``: the value, ``"accepted"`` or ``"fallback"``, every attempt.
@@ -104,7 +106,7 @@ async def accept(
         NotAccepted: Every attempt was rejected and there is no fallback.
         ValueError: ``attempts`` is below 1.
         Exception: Whatever a producer, check, score or fallback raised as a failure
-            (after ``on_failed_attempt`` for a check's).
+            (after ``on_failed_attempt`` for a producer's or a check's).
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
@@ -183,6 +185,13 @@ async def _attempt(
             return rejected(None, exc.check or "producer", exc.reason, started, exc.details)
         except ValidationError as exc:
             return rejected(None, "schema", validation_reason(exc), started)
+        except Exception as exc:
+            if on_failed_attempt is not None:
+                failed = rejected(
+                    None, "producer", _failure_reason(exc), started, _details_of(exc), failed=True
+                )
+                await _call(on_failed_attempt, failed)
+            raise
 
         for check_name, check in checks:
             since = _perf()

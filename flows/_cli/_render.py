@@ -193,9 +193,10 @@ def _attempt_result(attempt: dict[str, Any]) -> str:
 
 
 def _disposition(call: dict[str, Any]) -> str:
-    # A gate stopped by a failing check reached no disposition: the record stays "pending".
+    # A call a failing producer or check stopped is "failed" (recorded "pending" before
+    # revision 0010): say which one failed.
     failed = [a["failed_by"] for a in call["attempts"] if a.get("failed_by") is not None]
-    if call["disposition"] == "pending" and failed:
+    if call["disposition"] in {"pending", "failed"} and failed:
         return f"failed ({failed[-1]} failed)"
     return str(call["disposition"])
 
@@ -207,12 +208,15 @@ def _failure_lines(attempt: dict[str, Any]) -> Text:
         {},
     )
     details = verdict.get("details") or {}
-    line = (
-        f"  Attempt {attempt['number']} failed in {attempt['failed_by']}: {attempt['reason']}\n"
-        f"    task {details.get('task_key') or '-'}: status {details.get('status') or '-'}, "
-        f"error {details.get('error_code') or '-'}, exit code "
-        f"{_cell(details.get('exit_code'))}, job {details.get('job_id') or '-'}"
-    )
+    line = f"  Attempt {attempt['number']} failed in {attempt['failed_by']}: {attempt['reason']}"
+    if details.get("task_key") or details.get("status"):  # a check's task (the verifier's)
+        line += (
+            f"\n    task {details.get('task_key') or '-'}: status {details.get('status') or '-'}, "
+            f"error {details.get('error_code') or '-'}, exit code "
+            f"{_cell(details.get('exit_code'))}, job {details.get('job_id') or '-'}"
+        )
+    elif details:  # what the producer's error said (a provider's HTTP status, say)
+        line += "\n    details: " + ", ".join(f"{k} {_cell(v)}" for k, v in details.items())
     stderr = str(details.get("stderr_tail") or "").rstrip("\n")
     if stderr:
         line += "\n    stderr tail:\n" + "\n".join(f"      {s}" for s in stderr.splitlines())

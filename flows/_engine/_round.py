@@ -409,9 +409,10 @@ class CampaignEngine:
             return proposal
 
         def record_failure(attempt: Attempt[Proposal]) -> None:
-            # The failure propagates next and stops the campaign: the record keeps the attempt.
+            # The failure (the planner's or a check's) propagates next and stops the campaign:
+            # the record keeps the attempt, and the call ends failed (a rerun decides it again).
             self.store.record_attempt(gate_id, attempt)
-            self.store.finish_gate_call(gate_id, "pending", attempt.number)
+            self.store.finish_gate_call(gate_id, "failed", attempt.number)
 
         checks = [*planner_checks(self.bounds, spec.batch_size), *self.checks]
         outcome = await accept(

@@ -23,6 +23,7 @@ KNOWN_REVISIONS: Final[tuple[str, ...]] = (
     "0007",
     "0008",
     "0009",
+    "0010",
 )
 HEAD_REVISION: Final[str] = KNOWN_REVISIONS[-1]
 # The SQL that reads the stamp (one row, one column) when alembic_version exists.

@@ -43,7 +43,8 @@ CampaignStatus: TypeAlias = Literal[
 ]
 CAMPAIGN_STATUSES: Final[tuple[CampaignStatus, ...]] = get_args(CampaignStatus)
 ROUND_STATUSES: Final = CAMPAIGN_STATUSES
-DISPOSITIONS: Final = ("pending", "accepted", "fallback", "not_accepted")
+# ``failed``: a failing producer or check stopped the call (revision 0010).
+DISPOSITIONS: Final = ("pending", "accepted", "fallback", "not_accepted", "failed")
 APPROVAL_DECISIONS: Final = ("approved", "rejected", "timeout", "not_allowed")
 BATCH_STATUSES: Final = ("launched", "finished")
 TASK_STATUSES: Final = ("done", "failed", "timeout", "cancelled", "interrupted")

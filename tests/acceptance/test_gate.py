@@ -266,6 +266,37 @@ class TestProducer:
         ]
         assert failed.verdicts[-1].details == {"exit_code": 3, "stderr_tail": "solver diverged"}
 
+    async def test_a_failing_producer_hands_its_valueless_attempt_to_the_hook(self):
+        class EndpointDownError(RuntimeError):
+            def __init__(self) -> None:
+                super().__init__("model endpoint refused the connection")
+                self.details = {"status_code": 503}
+
+        def rejected_once_then_down(previous):
+            if not previous:
+                raise Rejected("a refusal", check="refusal")
+            raise EndpointDownError
+
+        handed: list[Attempt] = []
+        with pytest.raises(EndpointDownError):
+            await accept(
+                rejected_once_then_down, attempts=3, name="g", on_failed_attempt=handed.append
+            )
+        [failed] = handed
+        assert (failed.number, failed.value, failed.rejected_by, failed.failed_by) == (
+            2,
+            None,
+            None,
+            "producer",
+        )
+        assert failed.reason == "EndpointDownError: model endpoint refused the connection"
+        [verdict] = failed.verdicts
+        assert (verdict.check, verdict.passed, verdict.details) == (
+            "producer",
+            False,
+            {"status_code": 503},
+        )
+
     async def test_a_rejection_never_reaches_the_failed_attempt_hook(self):
         handed: list[Attempt] = []
         with pytest.raises(NotAccepted):

@@ -119,7 +119,7 @@ class TestVerifierFailure:
     async def test_the_attempt_a_crashed_verifier_ended_is_recorded_as_failed(self, fault_campaign):
         campaign = fault_campaign()
         await crash_the_verifier(campaign)
-        assert campaign.rows("SELECT disposition, attempts_used FROM gate_call") == [("pending", 1)]
+        assert campaign.rows("SELECT disposition, attempts_used FROM gate_call") == [("failed", 1)]
         [(number, rejected_by, failed_by, reason, verdicts)] = campaign.rows(
             "SELECT number, rejected_by, failed_by, reason, verdicts FROM attempt"
         )
