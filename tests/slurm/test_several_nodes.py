@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -30,6 +31,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from allocation_properties import (  # type: ignore[import-not-found]
+    assert_end_reasons_as_slurm_says,
+)
 from private_slurm import (  # type: ignore[import-not-found]
     SlurmCluster,
     SlurmStartFailed,
@@ -37,11 +41,22 @@ from private_slurm import (  # type: ignore[import-not-found]
     slurm_local_site,
     start_cluster,
 )
+from test_campaign_on_slurm import (  # type: ignore[import-not-found]
+    ROOT,
+    assert_every_candidate_once,
+    campaign,
+    cli_env,
+    database_of,
+    rows,
+    unattended,
+    wait_for,
+)
 from test_executor_on_slurm import (  # type: ignore[import-not-found]
     completions,
     dask_holds_nothing_to_run,
 )
 
+from flows._prefect._server import ServerHandle
 from flows._provenance._readers import charged_node_hours
 from tasks import AllocationExecutor, ExecutableTask
 from tasks._allocations import AllocationWatch
@@ -278,3 +293,107 @@ async def test_a_three_node_allocation_is_charged_for_its_three_nodes(
         assert charged_node_hours(row, at) == pytest.approx(3 * charged_node_hours(one_node, at))
     finally:
         slurm.cancel_all()
+
+
+# The campaign's simulation (``test_campaign_on_slurm.SIMULATION``) behind a line
+# "<round> <index> <node> <job>" in a log of starts, written when it starts.
+STARTS_FIRST = textwrap.dedent(
+    """
+    import os, runpy, sys
+    starts = sys.argv.pop(1)
+    if sys.argv[2] != "{round}":  # not the verifier
+        with open(starts, "a", encoding="ascii") as out:
+            node, job = os.environ.get("SLURMD_NODENAME"), os.environ.get("SLURM_JOB_ID")
+            out.write(f"{sys.argv[2]} {sys.argv[3]} {node} {job}\\n")
+    sys.argv.pop(0)
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+
+
+@pytest.mark.long  # ~2 min and a Prefect server; the executor test above keeps the capability
+@pytest.mark.timeout(600)
+def test_a_campaign_on_three_nodes_loses_one_and_counts_each_candidate_once(
+    prefect_server: ServerHandle, on_three_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    """``unattended run`` on ``site-configs/slurm-multinode.toml``: one node's slurmd dies."""
+    slurm = on_three_nodes
+    name = "three-nodes"
+    # Three 40 s simulations start together, one a node; one node's slurmd is killed
+    # then, and Slurm fails its job ~25 s later, while its simulation still runs.
+    spec, log = campaign(tmp_path, name, rounds=1, batch_size=3, seconds=40.0)
+    starts = tmp_path / "starts.txt"
+    wrapper = tmp_path / "starts_first.py"
+    wrapper.write_text(STARTS_FIRST, encoding="utf-8")
+    text = spec.read_text()
+    simulation = str(tmp_path / "simulation.py")
+    assert f'"{simulation}"' in text
+    spec.write_text(text.replace(f'"{simulation}"', f'"{wrapper}", "{starts}", "{simulation}"'))
+    env = cli_env(prefect_server, slurm, tmp_path)
+    site = ROOT / "site-configs" / "slurm-multinode.toml"
+    database = database_of(tmp_path, name)
+    victim: str | None = None
+    with (tmp_path / "run.out").open("w") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "flows._cli", "run", str(spec), "--site", str(site)],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def started() -> dict[str, str]:  # node -> job of each simulation started so far
+        if not starts.exists():
+            return {}
+        return {line.split()[2]: line.split()[3] for line in starts.read_text().splitlines()}
+
+    try:
+        where = wait_for(lambda: len(started()) == len(NODES) and started(), timeout=300)
+        victim = sorted(where)[0]
+        failed_job = where[victim]
+        slurm.kill_slurmd(victim)
+        # The node comes back once the campaign has recorded its job's end.
+        wait_for(
+            lambda: (
+                run.poll() is not None
+                or rows(
+                    database, f"SELECT end_reason FROM allocation WHERE job_id = '{failed_job}'"
+                )
+                == [("node_fail",)]
+            ),
+            240,
+        )
+        slurm.start_slurmd(victim)
+        victim = None
+        code = run.wait(timeout=300)
+    finally:
+        if victim is not None:
+            slurm.start_slurmd(victim)
+        if run.poll() is None:
+            run.kill()
+        unattended(env, "serve", "--stop", cwd=tmp_path, timeout=60)
+    output = (tmp_path / "run.out").read_text()
+    assert code == 0, output[-3000:]
+    # One allocation of three jobs; the failed one recorded as Slurm logged it.
+    allocations = rows(database, "SELECT job_id, request, end_reason FROM allocation")
+    assert len(allocations) == len(NODES), allocations
+    assert {request for _, request, _ in allocations} == {1}, allocations
+    assert {job: reason for job, _, reason in allocations}[failed_job] == "node_fail"
+    assert_end_reasons_as_slurm_says(database, slurm.jobcomp)
+    # Each candidate done once (the provenance and the log), none in the failed job.
+    assert_every_candidate_once(database, log, rounds=1, batch_size=3)
+    assert failed_job not in {line.split()[2] for line in log.read_text().splitlines()}
+    done = rows(database, "SELECT host, job_id FROM task_result WHERE status = 'done'")
+    assert failed_job not in {job for _, job in done}, done
+    assert {host for host, _ in done} <= set(NODES) - {victim_node(where, failed_job)}, done
+    # inspect --round 0 counts the batch's tasks per node, as recorded.
+    shown = unattended(env, "inspect", name, "--round", "0", cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    spread = Counter(host for host, _ in done)
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("Nodes:"))
+    for host, count in spread.items():
+        assert f"{host} {count} done" in line, (line, spread)
+
+
+def victim_node(where: dict[str, str], job: str) -> str:
+    return next(node for node, started_in in where.items() if started_in == job)
