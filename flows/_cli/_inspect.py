@@ -60,22 +60,29 @@ def register(subparsers: Any) -> None:
 
     export = subparsers.add_parser(
         "export",
-        help="export a campaign's provenance as JSON lines or CSV",
+        help="export a campaign's provenance as JSON lines, CSV, an RO-Crate or W3C PROV",
         description=(
             "jsonl: one JSON object per record, with a 'kind' (campaign, round, decision, "
             "attempt, approval, batch, task_result, allocation). csv: one table per file: "
             "one row per attempt, or per task result with --records task_results, or per "
-            "allocation (scheduler job) with --records allocations."
+            "allocation (scheduler job) with --records allocations. ro-crate: a Provenance "
+            "Run Crate folder (or a .zip with --out FILE.zip; default ./NAME-ro-crate). "
+            "prov: W3C PROV as OUT.prov.json and OUT.provn (default ./NAME)."
         ),
     )
     export.add_argument("campaign", help="campaign name")
-    export.add_argument("--format", choices=("jsonl", "csv"), required=True)
+    export.add_argument("--format", choices=("jsonl", "csv", "ro-crate", "prov"), required=True)
     export.add_argument(
         "--records",
         choices=("all", "attempts", "task_results", "allocations"),
         help="which records (default: all for jsonl, attempts for csv)",
     )
-    export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
+    export.add_argument(
+        "--output",
+        "--out",
+        metavar="PATH",
+        help="write here instead of stdout (ro-crate: a folder or FILE.zip; prov: a file stem)",
+    )
     export.add_argument("--db", metavar="URL_OR_PATH", help=_DB_HELP)
     export.set_defaults(handler=_export)
 
@@ -134,10 +141,14 @@ def _allocations(store: Any, campaign: str) -> dict[str, Any]:
 def _export(args: argparse.Namespace) -> int:
     from flows._cli import _records
 
+    location = database_locations(args.db, args.campaign, os.environ)[0]
+    if args.format in ("ro-crate", "prov"):
+        if args.records is not None:
+            return fail(f"--records applies to jsonl and csv, not --format {args.format}")
+        return _records.export_graph(location, args.campaign, fmt=args.format, output=args.output)
     records = args.records or ("all" if args.format == "jsonl" else "attempts")
     if args.format == "csv" and records == "all":
         return fail("--format csv needs --records attempts or task_results")
-    location = database_locations(args.db, args.campaign, os.environ)[0]
     with _records.open_read_only(location) as store:
         _records.export(store, args.campaign, fmt=args.format, records=records, output=args.output)
     return 0

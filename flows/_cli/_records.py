@@ -2,7 +2,9 @@
 
 Imports no rich (``export`` prints no table) and, for a SQLite file, no SQLAlchemy:
 :func:`open_read_only` hands out the standard-library reader
-(``flows/_provenance/_sqlite.py``); a URL opens the full store.
+(``flows/_provenance/_sqlite.py``); a URL opens the full store. ``--format ro-crate``
+and ``prov`` (:func:`export_graph`) open the full store, read-only: the crate holds the
+HTML report, which reads through it.
 """
 
 from __future__ import annotations
@@ -83,6 +85,57 @@ def export(store: StoreReads, name: str, *, fmt: str, records: str, output: str 
             raise
 
 
-def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
     yield first
     yield from rest
+
+
+def export_graph(location: str, name: str, *, fmt: str, output: str | None) -> int:
+    """Write campaign ``name`` as a Provenance Run Crate or as W3C PROV; return the exit code.
+
+    ``ro-crate``: the folder ``output`` (default ``./NAME-ro-crate``) or, for a path
+    ending ``.zip``, a zip file. ``prov``: ``OUT.prov.json`` and ``OUT.provn`` for
+    ``--out OUT`` (default ``./NAME``). Either appears whole or not at all; an unknown
+    campaign writes nothing. Prints what was written, one path a line.
+    """
+    from flows._provenance import ProvenanceStore
+
+    store = ProvenanceStore.open(location, read_only=True)
+    try:
+        if fmt == "ro-crate":
+            from flows._provenance._crate import write_crate
+
+            target = Path(output or f"{name}-ro-crate").expanduser()
+            try:
+                written = [write_crate(store, name, target)]
+            except FileExistsError as exc:
+                from flows._cli._exit import fail
+
+                return fail(str(exc))
+        else:
+            written = _write_prov(store, name, Path(output or name).expanduser())
+    finally:
+        store.close()
+    for path in written:
+        print(path)
+    return 0
+
+
+def _write_prov(store: Any, name: str, target: Path) -> list[Path]:
+    from flows._provenance._prov import provjson_name, provn_name, write_prov
+    from flows._provenance._run_graph import campaign_graph
+
+    paths = [provjson_name(target), provn_name(target)]
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    temporary = [p.with_name(f".{p.name}.{os.getpid()}.part") for p in paths]
+    try:
+        with store.reading() as reader:
+            items = campaign_graph(reader, name)
+            first = next(items)  # NotFound before any file is created
+            write_prov(_chain(first, items), temporary[1], temporary[0])
+        for part, path in zip(temporary, paths, strict=True):
+            os.replace(part, path)
+    finally:
+        for part in temporary:
+            part.unlink(missing_ok=True)
+    return paths
