@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -223,6 +224,18 @@ def _failure_lines(attempt: dict[str, Any]) -> Text:
     return Text(line)
 
 
+def _node_spread(results: list[dict[str, Any]]) -> str:
+    """Return how a batch spread over the nodes: ``n1 3 done; n2 2 done, 1 interrupted``."""
+    counts: dict[str, Counter[str]] = {}
+    for r in results:
+        if r["host"]:
+            counts.setdefault(str(r["host"]), Counter())[str(r["status"])] += 1
+    return "; ".join(
+        f"{host} " + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+        for host, statuses in sorted(counts.items())
+    )
+
+
 def print_round(console: Console, view: dict[str, Any]) -> None:
     """Print one round in full."""
     r = view["round"]
@@ -362,6 +375,9 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             for r in b["results"]
         ]
         console.print(_table("Task results", columns, rows))
+        spread = _node_spread(b["results"])
+        if spread:
+            console.print(Text(f"Nodes: {spread}"))
 
 
 def _window(start: str | None, end: str | None) -> str | None:

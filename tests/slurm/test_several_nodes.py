@@ -397,3 +397,18 @@ def test_a_campaign_on_three_nodes_loses_one_and_counts_each_candidate_once(
 
 def victim_node(where: dict[str, str], job: str) -> str:
     return next(node for node, started_in in where.items() if started_in == job)
+
+
+def test_inspect_counts_a_batch_per_node_and_status() -> None:
+    """``inspect --round N`` prints a ``Nodes:`` line under each batch's results."""
+    from flows._cli._render import _node_spread
+
+    results = [
+        {"host": "n2", "status": "done"},
+        {"host": "n1", "status": "done"},
+        {"host": "n1", "status": "interrupted"},
+        {"host": "n1", "status": "done"},
+        {"host": None, "status": "failed"},  # never reached a node
+    ]
+    assert _node_spread(results) == "n1 2 done, 1 interrupted; n2 1 done"
+    assert _node_spread([{"host": None, "status": "failed"}]) == ""
