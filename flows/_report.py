@@ -1,9 +1,11 @@
 """Write a campaign's offline HTML report from its provenance database.
 
 The report is one self-contained HTML file (figures embedded as base64 PNG data
-URIs) plus the same PNG files beside it. It reads only the provenance store, never
-Prefect or the allocation. Every recorded value is HTML-escaped: proposals,
-rationales and rejection reasons come from an agent and are untrusted.
+URIs, each in a ``<figure data-figure="...">`` whose JSON says what its axes show,
+see :func:`flows._report_figures.describe`) plus the same PNG files beside it. It
+reads only the provenance store, never Prefect or the allocation. Every recorded
+value is HTML-escaped: proposals, rationales and rejection reasons come from an
+agent and are untrusted.
 
 matplotlib is imported lazily (Agg backend) when figures are drawn, so importing
 this module stays cheap.
@@ -13,13 +15,12 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import os
 import statistics
 import tempfile
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ from flows._paths import private_dir
 from flows._provenance import ProvenanceStore
 from flows._provenance import _readers as readers
 from flows._provenance import _tables as tables
+from flows._provenance._rows import ApprovalEventRecord
+from flows._provenance._sql import Reader
+from flows._report_figures import DrawnFigure, draw
 
 REPORT_FILE = "report.html"
 FIGURE_FILES = ("best.png", "dispositions.png", "rejections.png", "simulation.png")
@@ -136,15 +140,61 @@ def _batches(store: ProvenanceStore, cid: int) -> list[dict[str, Any]]:
     return list(batches.values())
 
 
-def _approvals(store: ProvenanceStore, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Return each approval request with who decided, the verdict and the wait."""
+def _moment(value: datetime | None) -> str | None:
+    """Return ``value`` as ISO text in UTC (a naive time is taken as UTC)."""
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+
+
+def _refusal(event: ApprovalEventRecord) -> str | None:
+    """Return why an answer was not counted, in words, or None when it was."""
+    if event.allowed:
+        return None
+    if event.refusal:
+        return event.refusal
+    if event.proof and event.proof != "totp ok":
+        return event.proof
+    return "not among the approvers"
+
+
+def _on_form(reader: Reader, cid: int, index: int) -> int | None:
+    """Return how many candidates an approval of round ``index`` was asked about.
+
+    They are the round's last gate call's candidates that no rule refused: the
+    approver's answer launched or struck them (or skipped them all, on a
+    rejection). None when no fate is recorded (a pending request, an older store).
+    """
+    fates = readers.candidate_fates(reader, cid, index)
+    if not fates:
+        return None
+    last = max(f["call_index"] for f in fates)
+    return sum(1 for f in fates if f["call_index"] == last and f["fate"] != "refused")
+
+
+def _approvals(store: ProvenanceStore, cid: int, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return each approval request: who decided what and when, which candidates, the wait.
+
+    ``candidates`` is the number of candidates the request asked about;
+    ``picked`` the ``#`` numbers (as in the form's table) an approver kept, when
+    they approved only part of the batch; ``answers`` every answer in order,
+    with ``refused`` saying why one was not counted.
+    """
     rows = []
     for entry in summary["approvals"]:
-        row = store.find_approval(entry["key"])
-        if row is None:
-            continue
-        requested = row.requested_at.isoformat()
-        decided = row.decided_at.isoformat() if row.decided_at else None
+        with store.reading() as reader:
+            row = readers.approval(reader, entry["key"])
+            if row is None:
+                continue
+            on_form = _on_form(reader, cid, row.round_index)
+        overrides = row.overrides if isinstance(row.overrides, dict) else {}
+        picked: list[int] | None = None
+        if row.decision == "approved" and overrides.get("candidates"):
+            picked = sorted(int(i) for i in overrides["candidates"])
+        elif row.decision == "approved" and overrides.get("batch_size"):
+            kept = int(overrides["batch_size"])
+            picked = list(range(kept if on_form is None else min(kept, on_form)))
+        requested, decided = _moment(row.requested_at), _moment(row.decided_at)
         rows.append(
             {
                 "round_index": row.round_index,
@@ -156,7 +206,20 @@ def _approvals(store: ProvenanceStore, summary: dict[str, Any]) -> list[dict[str
                 "wait_seconds": _seconds(requested, decided),
                 "decided_by": row.decided_by,
                 "decision": row.decision or "pending",
+                "comment": row.comment,
+                "candidates": on_form,
+                "picked": picked,
                 "refused_answers": sum(1 for e in row.events if not e.allowed),
+                "answers": [
+                    {
+                        "at": _moment(e.recorded_at),
+                        "by": e.decided_by,
+                        "decision": e.decision,
+                        "refused": _refusal(e),
+                        "comment": e.comment,
+                    }
+                    for e in row.events
+                ],
             }
         )
     return rows
@@ -188,110 +251,9 @@ def collect(store: ProvenanceStore, name: str) -> dict[str, Any]:
     return {
         **summary,
         "rejections": _rejections(store, cid),
-        "approvals": _approvals(store, summary),
+        "approvals": _approvals(store, cid, summary),
         "batches": _batches(store, cid),
     }
-
-
-# -- figures ---------------------------------------------------------------------------
-
-
-def _linear_below(gaps: Sequence[float]) -> float:
-    """Return the symlog scale's linear range: the smallest gap above zero shows as a decade."""
-    positive = [g for g in gaps if g > 0]
-    return min(positive) if positive else 1.0
-
-
-def best_figure(rounds: Sequence[dict[str, Any]]) -> Any:
-    """Draw each round's best and the best so far as their distance to the campaign's best.
-
-    The scale is symmetric-logarithmic: after the first rounds the values differ by
-    orders of magnitude less than round 0's, and on a linear axis they all sit on zero.
-    """
-    from matplotlib.figure import Figure  # no pyplot: no global figure registry to leak
-    from matplotlib.ticker import MaxNLocator
-
-    scored = [r for r in rounds if r["best"] is not None]
-    best = min(r["best"] for r in scored)
-    gaps = [r["best"] - best for r in scored]
-    fig = Figure(figsize=(7, 3.5))
-    ax = fig.subplots()
-    ax.plot([r["index"] for r in scored], gaps, "o", label="round best")
-    ax.step(
-        [r["index"] for r in scored],
-        [r["best_so_far"] - best for r in scored],
-        where="post",
-        label="best so far",
-    )
-    ax.set_yscale("symlog", linthresh=_linear_below(gaps))
-    ax.set(
-        xlabel="round",
-        ylabel=f"objective - best ({best:.4g}), symlog",
-        title="Best result: distance to the campaign's best",
-    )
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize="small")
-    return fig
-
-
-def _png(figure: Any) -> bytes:
-    buffer = io.BytesIO()
-    figure.tight_layout()
-    figure.savefig(buffer, format="png", dpi=100)
-    return buffer.getvalue()
-
-
-def figures(data: dict[str, Any]) -> dict[str, bytes]:
-    """Draw the report's figures as PNG bytes by file name; figures without data are left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure  # no pyplot: no global figure registry to leak
-    from matplotlib.ticker import MaxNLocator
-
-    drawn: dict[str, bytes] = {}
-    rounds = data["rounds"]
-    if any(r["best"] is not None for r in rounds):
-        drawn["best.png"] = _png(best_figure(rounds))
-    if rounds:
-        fig = Figure(figsize=(7, 3.5))
-        ax = fig.subplots()
-        xs = [r["index"] for r in rounds]
-        bottom = [0] * len(rounds)
-        for disposition in ("accepted", "fallback", "not_accepted", "pending"):
-            heights = [r["dispositions"].get(disposition, 0) for r in rounds]
-            if any(heights):
-                ax.bar(xs, heights, bottom=bottom, label=disposition)
-                bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-        ax.set(xlabel="round", ylabel="gate calls", title="Dispositions and acceptance rate")
-        rate = ax.twinx()
-        rate.plot(xs, [r["acceptance_rate"] for r in rounds], "k.-", label="acceptance rate")
-        rate.set(ylim=(-0.05, 1.05), ylabel="acceptance rate")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(loc="lower left", fontsize="small", framealpha=0.8)
-        drawn["dispositions.png"] = _png(fig)
-    if data["rejections"]:
-        by_check: dict[str, int] = {}
-        for entry in data["rejections"]:
-            by_check[entry["rejected_by"]] = by_check.get(entry["rejected_by"], 0) + entry["count"]
-        ranked = sorted(by_check.items(), key=lambda kv: (-kv[1], kv[0]))[:15][::-1]
-        fig = Figure(figsize=(7, 0.5 + 0.35 * len(ranked)))
-        ax = fig.subplots()
-        ax.barh([k for k, _ in ranked], [v for _, v in ranked])
-        ax.set(xlabel="rejected attempts", title="Rejections by check")
-        drawn["rejections.png"] = _png(fig)
-    batches = [b for b in data["batches"] if b["wall_seconds"] is not None or b["runtimes"]]
-    if batches:
-        fig = Figure(figsize=(7, 5))
-        wall, runtime = fig.subplots(2, 1, sharex=True)
-        xs = list(range(len(batches)))
-        wall.bar(xs, [b["wall_seconds"] or 0.0 for b in batches])
-        wall.set(ylabel="seconds", title="Batch wall time (launched to finished)")
-        runtime.boxplot([b["runtimes"] or [0.0] for b in batches], positions=xs)
-        runtime.set(ylabel="seconds", title="Task runtimes per batch")
-        runtime.set_xticks(xs, [f"r{b['round_index']}" for b in batches])
-        drawn["simulation.png"] = _png(fig)
-    return drawn
 
 
 # -- HTML ------------------------------------------------------------------------------
@@ -323,11 +285,92 @@ def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _figure(drawn: dict[str, bytes], name: str, alt: str) -> str:
+def _figure(drawn: dict[str, DrawnFigure], name: str, alt: str) -> str:
+    """Return the figure as an embedded PNG, its description in ``data-figure`` (JSON)."""
     if name not in drawn:
         return '<p class="muted">Nothing recorded for this figure.</p>'
-    encoded = base64.b64encode(drawn[name]).decode("ascii")
-    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}"></p>'
+    figure = drawn[name]
+    encoded = base64.b64encode(figure.png).decode("ascii")
+    described = html.escape(json.dumps(figure.description, separators=(",", ":")))
+    return (
+        f'<figure data-name="{html.escape(name)}" data-figure="{described}">'
+        f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}"></figure>'
+    )
+
+
+def _when(iso: str | None) -> str:
+    """Return an ISO time as ``YYYY-MM-DD HH:MM:SS UTC``."""
+    if iso is None:
+        return "-"
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _numbers(picked: Sequence[int]) -> str:
+    return ", ".join(f"#{i}" for i in picked)
+
+
+def approval_answer(approval: dict[str, Any]) -> str:
+    """Return what settled an approval request, in one line.
+
+    For example ``3 of 8 candidates (#0, #2, #5) approved by alice at 2026-12-03
+    10:15:00 UTC`` or ``rejected by bob at ...: 8 candidates not run``.
+    """
+    decision, by, at = approval["decision"], approval["decided_by"], _when(approval["decided_at"])
+    total, picked = approval["candidates"], approval["picked"]
+    of = "" if total is None else f" of {total}"
+    if decision == "approved":
+        if picked is not None:
+            what = f"{len(picked)}{of} candidates ({_numbers(picked)})"
+        else:
+            what = "the whole batch" if total is None else f"all {total} candidates"
+        return f"{what} approved by {by} at {at}"
+    if decision == "rejected":
+        skipped = "" if total is None else f": {total} candidates not run"
+        return f"rejected by {by} at {at}{skipped}"
+    if decision == "timeout":
+        return f"no allowed answer before the deadline (timed out at {at})"
+    return f"pending since {_when(approval['requested_at'])}"
+
+
+def _approvals_html(approvals: Sequence[dict[str, Any]]) -> str:
+    if not approvals:
+        return '<p class="muted">No approval was requested.</p>'
+    settled = _table(
+        ("round", "rule", "requested", "answer", "comment", "wait (s)", "refused answers"),
+        [
+            (
+                a["round_index"],
+                a["rule"],
+                _when(a["requested_at"]),
+                approval_answer(a),
+                a["comment"] or None,
+                a["wait_seconds"],
+                a["refused_answers"],
+            )
+            for a in approvals
+        ],
+    )
+    answers = _table(
+        ("round", "at", "by", "answer", "counted", "comment"),
+        [
+            (
+                a["round_index"],
+                _when(e["at"]),
+                e["by"],
+                e["decision"],
+                "yes" if e["refused"] is None else f"no: {e['refused']}",
+                e["comment"] or None,
+            )
+            for a in approvals
+            for e in a["answers"]
+        ],
+    )
+    return (
+        settled
+        + "<p>Candidates are numbered by their # in the form's Proposed batch table. "
+        + "Every answer, in order:</p>"
+        + answers
+    )
 
 
 _BATCH_COLUMNS = (
@@ -365,7 +408,7 @@ def _percent(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1%}"
 
 
-def render_html(data: dict[str, Any], drawn: dict[str, bytes]) -> str:
+def render_html(data: dict[str, Any], drawn: dict[str, DrawnFigure]) -> str:
     """Return the report as one HTML document (figures embedded)."""
     c, t = data["campaign"], data["totals"]
     best = data["best_result"]
@@ -440,35 +483,7 @@ def render_html(data: dict[str, Any], drawn: dict[str, bytes]) -> str:
             ],
         ),
         '<h2 id="approvals">Approvals</h2>',
-        _table(
-            (
-                "round",
-                "key",
-                "rule",
-                "requested",
-                "decided",
-                "wait (s)",
-                "by",
-                "verdict",
-                "refused",
-            ),
-            [
-                (
-                    a["round_index"],
-                    a["key"],
-                    a["rule"],
-                    a["requested_at"],
-                    a["decided_at"],
-                    a["wait_seconds"],
-                    a["decided_by"],
-                    a["decision"],
-                    a["refused_answers"],
-                )
-                for a in data["approvals"]
-            ],
-        )
-        if data["approvals"]
-        else '<p class="muted">No approval was requested.</p>',
+        _approvals_html(data["approvals"]),
         '<h2 id="simulation">Simulation time per batch</h2>',
         _figure(drawn, "simulation.png", "batch wall time and task runtimes"),
         _table(_BATCH_COLUMNS, [_batch_row(b) for b in data["batches"]]),
@@ -496,13 +511,13 @@ def write_report(store: ProvenanceStore, name: str, output: str | os.PathLike[st
     campaign (:class:`policies.NotFound`) writes nothing.
     """
     data = collect(store, name)
-    drawn = figures(data)
+    drawn = draw(data)
     document = render_html(data, drawn).encode("utf-8")
     folder = Path(output)
     private_dir(folder)  # the figures show candidate values
     for file_name in FIGURE_FILES:
         if file_name in drawn:
-            _write(folder / file_name, drawn[file_name])
+            _write(folder / file_name, drawn[file_name].png)
         else:  # an older report's figure would no longer match this one
             (folder / file_name).unlink(missing_ok=True)
     target = folder / REPORT_FILE

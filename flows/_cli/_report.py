@@ -30,8 +30,9 @@ def register(subparsers: Any) -> None:
         help="write a campaign's HTML report (figures embedded) from its provenance",
         description=(
             "Write report.html and its PNG figures: best result per round, acceptance rate "
-            "and dispositions per round, reasons for rejection, approvals with their wait, "
-            "and simulation time per batch. Reads the provenance database only."
+            "and dispositions per round, reasons for rejection, approvals (who answered, "
+            "when, which candidates), and simulation time per batch. Reads the provenance "
+            "database only."
         ),
     )
     report.add_argument("campaign", help="campaign name")

@@ -5,15 +5,23 @@ engine itself (local site, real executables, a real SQLite provenance database):
 four rounds, a fallback in round 1, an approval in round 2 that one person who
 is not allowed answers before alice approves, and a policy retry in round 3
 (two gate calls). The transcript is changed so that round 0's accepted rationale
-carries a ``<script>`` tag.
+carries a ``<script>`` tag. ``recorded_report`` is its report, written once
+through the CLI.
+
+``subset_campaign`` runs the same demo for three rounds with a simulation whose
+objective crosses zero (``signed_objective.py``); in round 2 alice approves only
+candidates #0, #2 and #5 of the eight proposed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +30,8 @@ from typing import Any
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+SIGNED_OBJECTIVE = Path(__file__).resolve().parent / "signed_objective.py"
+SUBSET = [0, 2, 5]  # the candidates alice keeps in the subset campaign's round 2
 PLANTED = "<script>alert('planted')</script> spread the batch"
 
 
@@ -124,4 +134,58 @@ def recorded_campaign(tmp_path_factory: pytest.TempPathFactory) -> RecordedCampa
     _prepare(folder)
     database = folder / "state" / "campaigns" / "demo-approval"
     asyncio.run(_run(folder / "campaign-approval.toml", database))
+    return RecordedCampaign("demo-approval", folder, database)
+
+
+@dataclass(frozen=True)
+class WrittenReport:
+    """A report written by ``unattended report`` and what the command printed."""
+
+    path: Path  # report.html
+    printed: str
+
+
+def write_report(campaign: RecordedCampaign, output: Path) -> WrittenReport:
+    """Write ``campaign``'s report into ``output`` through the CLI."""
+    from flows._cli import main
+    from flows._report import REPORT_FILE
+
+    printed = io.StringIO()
+    argv = ["report", campaign.name, "--db", str(campaign.database), "--output", str(output)]
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    return WrittenReport(output / REPORT_FILE, printed.getvalue())
+
+
+@pytest.fixture(scope="session")
+def report_writer() -> Any:
+    """Return ``write_report``: a campaign's report written through the CLI."""
+    return write_report
+
+
+@pytest.fixture(scope="session")
+def recorded_report(
+    recorded_campaign: RecordedCampaign, tmp_path_factory: pytest.TempPathFactory
+) -> WrittenReport:
+    """Return the recorded campaign's report, written once through the CLI."""
+    return write_report(recorded_campaign, tmp_path_factory.mktemp("report") / "out")
+
+
+@pytest.fixture(scope="session")
+def subset_campaign(tmp_path_factory: pytest.TempPathFactory) -> RecordedCampaign:
+    """Run the demo approval campaign for three rounds with a subset approval in round 2."""
+    from flows._prefect._approval_form import Approval
+
+    folder = tmp_path_factory.mktemp("subset")
+    for item in EXAMPLES.iterdir():
+        if item.is_file():
+            shutil.copy(item, folder / item.name)
+    spec = folder / "campaign-approval.toml"
+    argv = json.dumps([sys.executable, str(SIGNED_OBJECTIVE)])
+    text = spec.read_text().replace("rounds = 4", "rounds = 3")
+    spec.write_text(text.replace('simulation = "demo"', f"simulation = {argv}"))
+    database = folder / "state" / "campaigns" / "demo-approval"
+    answers = iter([Approval(decision="approve", approver="alice", candidates=SUBSET)])
+    result = asyncio.run(run_engine(spec, database, answers))
+    assert result.status == "completed", result
     return RecordedCampaign("demo-approval", folder, database)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,18 @@ class TestARejectedRound:
         html = next(output.glob("*.html")).read_text()
         assert "<td>blocked</td><td>suspend: rejected</td>" in html
         assert "running" not in html
+
+    def test_the_report_says_who_rejected_when_and_what_did_not_run(
+        self, rejected: Path, tmp_path: Path
+    ) -> None:
+        output = tmp_path / "report"
+        argv = ["report", "demo-approval", "--db", str(rejected), "--output", str(output)]
+        assert main(argv) == 0
+        html = (output / "report.html").read_text()
+        when = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+        line = (
+            rf"<td>2</td><td>review-round-2</td><td>{when}</td>"
+            rf"<td>rejected by bob at {when}: 8 candidates not run</td>"
+            r"<td>too close to round 1</td>"
+        )
+        assert re.search(line, html), html[html.index('id="approvals"') :][:800]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import re
 import subprocess
 import sys
@@ -15,29 +13,15 @@ import pytest
 
 from flows._cli import main
 from flows._provenance import ProvenanceStore
-from flows._report import FIGURE_FILES, REPORT_FILE, best_figure, collect
+from flows._report import FIGURE_FILES, collect
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def report(recorded_campaign: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Write the report once through the CLI; return its path and what the CLI printed."""
-    output = tmp_path_factory.mktemp("report") / "out"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = main(
-            [
-                "report",
-                recorded_campaign.name,
-                "--db",
-                str(recorded_campaign.database),
-                "--output",
-                str(output),
-            ]
-        )
-    assert code == 0
-    return output / REPORT_FILE, printed.getvalue()
+def report(recorded_report: Any) -> tuple[Path, str]:
+    """The report written once through the CLI: its path and what the CLI printed."""
+    return recorded_report.path, recorded_report.printed
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +96,6 @@ class TestVerifierPrediction:
         html = report[0].read_text()
         assert "<th>verifier predicted</th>" in html
         assert f"<td>{accepted[0]['verifier_prediction']:.6g}</td>" in html
-
-
-class TestBestFigure:
-    def test_plots_the_distance_to_the_best_on_a_symlog_scale(self, collected: dict) -> None:
-        figure = best_figure(collected["rounds"])
-        axes = figure.axes[0]
-        assert axes.get_yscale() == "symlog"
-        points = axes.lines[0].get_ydata()
-        best = collected["best_result"]["objective"]
-        assert list(points) == [r["best"] - best for r in collected["rounds"]]
-        assert min(points) == 0.0
 
 
 class TestReportData:
