@@ -36,6 +36,47 @@ class RoundProgress:
     waiting_for: str | None  # the rule of an unanswered approval request
     answered: str | None = None  # the round's settled approval: "approved by alice"
     best: float | None = None  # the best objective so far, this round included
+    # One per relaunch: "5 task(s) interrupted (job 123 ended: timeout); relaunched in job 124".
+    interruptions: tuple[str, ...] = ()
+    relaunched: int = 0  # candidates relaunched so far (each interruption counted)
+
+
+def _jobs(jobs: list[str]) -> str:
+    unique = sorted(set(jobs), key=lambda j: (len(j), j))
+    return ("job " if len(unique) == 1 else "jobs ") + ", ".join(unique)
+
+
+def interruption_lines(
+    batches: list[dict[str, Any]], allocations: list[dict[str, Any]]
+) -> list[str]:
+    """Say, per interrupted batch of a round, how many tasks were cut, by which job's end,
+    and where they run again: ``5 task(s) interrupted (job 123 ended: timeout); relaunched
+    in job 124`` (``relaunching in a new allocation`` until the relaunch has run).
+
+    ``batches`` are the round's batches (``round_view``), ``allocations`` the campaign's
+    allocation rows (a job's recorded end reason, when the executor has recorded it).
+    """
+    ended = {str(a["job_id"]): f": {a['end_reason']}" for a in allocations if a["end_reason"]}
+    ordered = sorted(batches, key=lambda b: int(b.get("relaunch") or 0))
+    lines = []
+    for position, batch in enumerate(ordered):
+        cut = [r for r in batch["results"] if r["status"] == "interrupted"]
+        if not cut:
+            continue
+        jobs = sorted({str(r["job_id"]) for r in cut if r.get("job_id")})
+        how = "; ".join(f"job {j} ended{ended.get(j, '')}" for j in jobs)
+        line = f"{len(cut)} task(s) interrupted" + (f" ({how})" if how else "")
+        # The relaunch's results (none until it ends): where the cut tasks ran again.
+        after = ordered[position + 1]["results"] if position + 1 < len(ordered) else []
+        again = [str(r["job_id"]) for r in after if r.get("job_id")]
+        if again:
+            line += f"; relaunched in {_jobs(again)}"
+        elif after:
+            line += "; relaunched"
+        else:  # one line while it waits for an allocation and runs, one once it ran
+            line += "; relaunching in a new allocation"
+        lines.append(line)
+    return lines
 
 
 def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
@@ -53,16 +94,24 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
             answered[int(a["round_index"])] = f"{a['decision']}{who}"
     rounds = []
     best: float | None = None
+    allocations: list[dict[str, Any]] | None = None
     for entry in summary["rounds"]:
         index = int(entry["index"])
         recorded = int(entry["tasks"])
         launched = recorded
-        if not recorded and entry["status"] != "completed" and entry["decision"]:
-            # Results are recorded when the batch ends; its size is known at launch.
+        cut = int(entry.get("interruptions") or 0)
+        interruptions: list[str] = []
+        if cut or (not recorded and entry["status"] != "completed" and entry["decision"]):
+            # Results are recorded when a batch ends; its size is known at launch. A batch
+            # whose allocation ended under it has results only for the tasks that ended.
             batches = store.round_view(campaign, index)["batches"]
             launched = sum(
                 len(batch["candidates"] or []) for batch in batches if not batch.get("relaunch")
             )
+            if cut:
+                if allocations is None:
+                    allocations = store.allocations(campaign)
+                interruptions = interruption_lines(batches, allocations)
         if entry.get("best") is not None:
             best = float(entry["best"]) if best is None else min(best, float(entry["best"]))
         dispositions = entry["dispositions"]
@@ -77,10 +126,14 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
                 tasks=launched,
                 done=int(entry["done"]),
                 failed=recorded - int(entry["done"]),
-                finished=recorded > 0,
+                # Every candidate has its final result (an interrupted one's comes from
+                # its relaunch), or the round is over (relaunches gave up).
+                finished=recorded > 0 and (recorded >= launched or entry["status"] != "running"),
                 waiting_for=pending.get(index),
                 answered=answered.get(index),
                 best=best,
+                interruptions=tuple(interruptions),
+                relaunched=cut,
             )
         )
     return rounds
@@ -119,6 +172,7 @@ def progress_lines(round_: RoundProgress) -> list[str]:
         lines.append(f"{head} approval {round_.answered}")
     if round_.tasks:
         lines.append(f"{head} batch of {round_.tasks} task(s) launched")
+    lines += [f"{head} {line}" for line in round_.interruptions]
     if round_.finished:
         lines.append(f"{head} batch finished: {round_.done} done, {round_.failed} failed")
     if round_.status == "completed":
@@ -229,6 +283,8 @@ class CampaignProgress:
                 if r.finished
                 else (f"{r.tasks} running" if r.tasks else "")
             )
+            if r.relaunched:
+                tasks += f", {r.relaunched} interrupted and relaunched"
             best = f"{r.best:.6g}" if r.best is not None else ""
             table.add_row(
                 str(r.index), r.gate, str(r.attempts), policy, bar if r.tasks else "", tasks, best
