@@ -191,13 +191,14 @@ def cancel_left_open(
     Prefect's runner stops only the runs it executes: a run proposed Cancelling while
     its process was gone (the UI's Cancel while the runner tree was down) would stay
     Cancelling forever. It is judged as ``orphan_reason`` judges a running run, once
-    it has been Cancelling for a heartbeat (a runner killing the run's process sets
-    Cancelled itself).
+    it has been Cancelling for a lease TTL: a runner that killed the run's process
+    sets Cancelled itself a few seconds later (3.5 s measured), and its ending is the
+    one to keep.
     """
     state = flow_run.state
     if state is None or state.type != StateType.CANCELLING:
         return None
-    if _seconds_since(state.timestamp, now) < settings.heartbeat_seconds:
+    if _seconds_since(state.timestamp, now) < settings.lease_ttl_seconds:
         return None
     cancelling = frozenset({StateType.CANCELLING})
     return orphan_reason(flow_run, lease, settings, now, alive_here, judged=cancelling)
