@@ -257,6 +257,11 @@ def test_scancel_mid_batch_the_campaign_relaunches_exactly_the_interrupted_candi
     relaunches = rows(database, "SELECT relaunch FROM batch WHERE relaunch > 0")
     assert relaunches
     assert_every_candidate_once(database, log, rounds=2, batch_size=4)
+    # run's plain lines say it (issue 21): the cut, the job's end, the job that ran them again.
+    said = [line for line in output.splitlines() if "task(s) interrupted" in line]
+    assert any(f"job {job[0]} ended: cancelled" in line for line in said), output[-3000:]
+    assert any("; relaunched in job" in line for line in said), output[-3000:]
+    assert "batch of 4 task(s) launched" in output
 
 
 @pytest.mark.long
