@@ -5,17 +5,28 @@ second beside the flow run's state. The database is the source of truth: it is
 what the flow records, whichever process runs it. On a terminal the progress is
 a live ``rich`` table with a bar per batch; otherwise plain lines, each printed
 once, so a log file reads top to bottom.
+
+A batch's results are recorded when it ends; how far a running batch is comes from
+the campaign directory's tally (``flows._engine._tally``). The live bars follow it;
+in plain mode a *long* batch (still running ``long_after_seconds`` after it was
+seen launched, 30 s by default) gets a line ``round 3: 40/128 tasks ended`` each
+time another tenth of it ended, or every ``every_seconds`` (60 s) while tasks end;
+a short batch stays quiet.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from flows._engine._tally import TALLY_FILE, read_tally
 from flows._paths import campaign_dir, state_dir_from
 
 
@@ -184,15 +195,31 @@ def progress_lines(round_: RoundProgress) -> list[str]:
 class CampaignProgress:
     """Render a campaign's progress: a live ``rich`` table, or plain lines (not a TTY)."""
 
-    def __init__(self, *, live: bool, stream: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        live: bool,
+        stream: Any = None,
+        tally: Path | None = None,
+        long_after_seconds: float = 30.0,
+        every_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stream = stream or sys.stdout
         self.live = live
         self.rounds: list[RoundProgress] = []
         self.queue = ""
+        self.tally = tally  # the campaign directory's tally file (found by ``poll``)
+        self.long_after_seconds = long_after_seconds
+        self.every_seconds = every_seconds
+        self.clock = clock
         self._printed: set[str] = set()
         self._store: Any = None
         self._campaign: str | None = None
         self._display: Any = None
+        self._ended: dict[int, tuple[int, int]] = {}  # round -> (ended, failed) per the tally
+        self._seen: dict[int, float] = {}  # round -> when its batch was first seen running
+        self._said: dict[int, tuple[int, float]] = {}  # round -> (ended, when) last printed
 
     def __enter__(self) -> CampaignProgress:
         if self.live:
@@ -233,6 +260,11 @@ class CampaignProgress:
 
     def poll(self, flow_run: Any) -> None:
         """Read the provenance again and show what changed; quiet until the database exists."""
+        if self.tally is None:
+            try:
+                self.tally = tally_path(flow_run)
+            except Exception:  # noqa: BLE001  # no tally: the records alone are shown
+                self.tally = None
         try:
             if self._store is None:
                 self._store, self._campaign = open_progress_store(flow_run)
@@ -253,6 +285,7 @@ class CampaignProgress:
         self.rounds = rounds
         changed_queue = queue != self.queue
         self.queue = queue
+        running = self._read_tally(rounds)
         if self._display is not None:
             self._display.update(self._render())
             return
@@ -264,6 +297,35 @@ class CampaignProgress:
                 if line not in self._printed:
                     self._printed.add(line)
                     print(line, file=self.stream, flush=True)
+        if running is not None:
+            self._say_how_far(running)
+
+    def _read_tally(self, rounds: list[RoundProgress]) -> RoundProgress | None:
+        """Return the round whose batch is running, with what its tally says ended."""
+        running = next((r for r in reversed(rounds) if r.tasks and not r.finished), None)
+        if running is None or running.status != "running" or self.tally is None:
+            return None
+        self._seen.setdefault(running.index, self.clock())
+        counted = read_tally(self.tally)
+        if counted is not None and counted["round"] == running.index:
+            self._ended[running.index] = (counted["ended"], counted["failed"])
+        return running
+
+    def _say_how_far(self, running: RoundProgress) -> None:
+        """Print a long batch's ``N/M tasks ended`` line: each tenth, or every so often."""
+        now = self.clock()
+        if now - self._seen[running.index] < self.long_after_seconds:
+            return  # a short batch stays quiet
+        ended, failed = self._ended.get(running.index, (0, 0))
+        said, when = self._said.get(running.index, (0, self._seen[running.index]))
+        if ended <= said:
+            return
+        tenth = max(1, math.ceil(running.tasks / 10))
+        if ended // tenth > said // tenth or now - when >= self.every_seconds:
+            self._said[running.index] = (ended, now)
+            cut = f" ({failed} failed)" if failed else ""
+            line = f"round {running.index}: {ended}/{running.tasks} tasks ended{cut}"
+            print(line, file=self.stream, flush=True)
 
     def _render(self) -> Any:
         from rich.console import Group
@@ -274,7 +336,9 @@ class CampaignProgress:
         for column in ("round", "gate", "attempts", "policy", "batch", "tasks", "best so far"):
             table.add_column(column)
         for r in self.rounds:
-            bar = ProgressBar(total=r.tasks or 1, completed=r.done + r.failed, width=24)
+            # A running batch's bar follows its tally; its records arrive when it ends.
+            ended = r.done + r.failed if r.finished else self._ended.get(r.index, (0, 0))[0]
+            bar = ProgressBar(total=r.tasks or 1, completed=ended, width=24)
             policy = f"waiting: {r.waiting_for}" if r.waiting_for else (r.decision or "")
             if r.answered and not r.waiting_for:
                 policy = f"{policy} ({r.answered})" if policy else r.answered
@@ -293,6 +357,18 @@ class CampaignProgress:
         failed = sum(r.failed for r in self.rounds)
         totals = f"tasks: {done} done, {failed} failed"
         return Group(table, totals, self.queue) if self.queue else Group(table, totals)
+
+
+def tally_path(flow_run: Any) -> Path:
+    """Return the run's campaign directory's tally file (``flows._engine._tally``)."""
+    from flows._engine._registration import registered_parameters
+    from flows._spec import load_campaign
+
+    params = registered_parameters(flow_run.deployment_id, os.environ)
+    if params is None:
+        raise KeyError(str(flow_run.deployment_id))
+    name = load_campaign(params["spec_path"]).spec.name
+    return campaign_dir(state_dir_from(params.get("state_dir"), os.environ), name) / TALLY_FILE
 
 
 def open_progress_store(flow_run: Any) -> tuple[Any, str]:

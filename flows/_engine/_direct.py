@@ -30,6 +30,7 @@ from flows._engine._notify import Notifier, chain
 from flows._engine._proof import ApproverCodes
 from flows._engine._round import CampaignEngine, CampaignResult, Hooks
 from flows._engine._simulation import build_gate, build_run_batch
+from flows._engine._tally import TALLY_FILE, TaskTally
 from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._provenance import ProvenanceStore
 from flows._settings import Settings
@@ -126,6 +127,9 @@ async def _run_rounds(
             notify, name, Path(work_dir) / "notifications.jsonl", run_link or (lambda: None)
         )
         hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, notifier.on_event))
+    if work_dir is not None:  # how far a running batch is, for `run`'s follower
+        tally = TaskTally(Path(work_dir) / TALLY_FILE)
+        hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, tally.on_event))
     checkpoint = store.load_checkpoint(name)
     done = checkpoint.last_completed_round
     if before in ("running", "failed") and (done is not None or before == "failed" or killed):
