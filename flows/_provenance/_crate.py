@@ -111,7 +111,7 @@ def _refs(identifiers: list[str]) -> Any:
 
 
 def _local(graph_id: str) -> str:
-    """Return the crate id of a graph id (``round-0/call-1`` -> ``#round-0/call-1``)."""
+    """Return the crate id of a graph id (``round/0/call/1`` -> ``#round/0/call/1``)."""
     return f"#{graph_id}"
 
 

@@ -13,8 +13,8 @@ The graph is :mod:`flows._provenance._run_graph`'s, item by item, mapped as:
   hash, decision outcome and approval decision are **entities** (``prov:value``),
   ``used`` and ``wasGeneratedBy`` the activities.
 
-``prov`` builds and serialises one small document per item (its own code writes
-every record); the records are appended to the output as they come: PROV-N line by
+``prov`` builds and serialises one small document per :data:`CHUNK` items (its own
+code writes every record); the records are appended to the output as they come: PROV-N line by
 line, PROV-JSON through one spill file per record type, joined at the end, so
 memory stays flat in the number of attempts. Anonymous relation ids (``_:idN``)
 are renumbered across the whole document.
@@ -37,6 +37,9 @@ from flows._provenance._run_graph import Action, Agent, Campaign, Input, Item, J
 
 TERMS: Final = Namespace("u", "urn:unattended:terms#")
 _ANONYMOUS: Final = re.compile(r"^_:id\d+$")
+# Items per ``prov`` document: enough to spread its per-document work, few enough
+# that memory stays flat (a few hundred records).
+CHUNK: Final = 200
 
 
 def provn_name(target: Path) -> Path:
@@ -73,6 +76,8 @@ class ProvWriter:
         self.anonymous = 0
         self.run: Namespace | None = None
         self.prefixes: dict[str, str] = {}
+        self.document: ProvDocument | None = None
+        self.pending = 0
 
     def _document(self) -> ProvDocument:
         document = ProvDocument()
@@ -91,11 +96,18 @@ class ProvWriter:
                 self.provn.write(f"  prefix {prefix} <{uri}>\n")
             self.provn.write("\n")
         assert self.run is not None, "the Campaign item comes first"
-        document = self._document()
-        _records(document, self.run, item)
-        self._append(document)
+        if self.document is None:
+            self.document = self._document()
+        _records(self.document, self.run, item)
+        self.pending += 1
+        if self.pending >= CHUNK:
+            self._flush()
 
-    def _append(self, document: ProvDocument) -> None:
+    def _flush(self) -> None:
+        """Write the pending document's records and start afresh."""
+        document, self.document, self.pending = self.document, None, 0
+        if document is None:
+            return
         text = document.get_provn()
         # Between the 'document', prefix lines and the blank line, and 'endDocument'.
         for line in text.splitlines()[1:-1]:
@@ -123,6 +135,7 @@ class ProvWriter:
 
     def finish(self) -> None:
         """Close the PROV-N document and join the PROV-JSON file."""
+        self._flush()
         self.provn.write("endDocument\n")
         with self.json_path.open("w", encoding="utf-8") as out:
             out.write('{\n  "prefix": ' + json.dumps(self.prefixes))
@@ -158,7 +171,7 @@ def _records(document: ProvDocument, run: Namespace, item: Item) -> None:
                     TERMS["code_version"]: item.code_version,
                 },
             )
-            spec = run["input/spec-recorded"]
+            spec = run["input/spec_recorded"]
             document.entity(
                 spec,
                 {
@@ -198,7 +211,7 @@ def _records(document: ProvDocument, run: Namespace, item: Item) -> None:
             _action(document, run, item)
         case Job():
             document.entity(
-                run[f"slurm-job/{item.job_id}"],
+                run[f"job/{item.job_id}"],
                 {
                     "prov:type": TERMS["allocation"],
                     "prov:label": f"Slurm job {item.job_id}",
@@ -247,7 +260,7 @@ def _action(document: ProvDocument, run: Namespace, action: Action) -> None:
     for generated in action.generated:
         document.wasGeneratedBy(run[generated], activity)
     if action.job:
-        document.used(activity, run[f"slurm-job/{action.job}"])
+        document.used(activity, run[f"job/{action.job}"])
 
 
 def write_prov(items: Iterable[Item], provn_path: Path, json_path: Path) -> dict[str, int]:

@@ -14,7 +14,8 @@ Items, in the order they come:
   event, and simulation task (with its candidate and result);
 * :class:`Job` for every scheduler job (allocation) a task or verifier task ran in.
 
-Ids are local and stable (``round-0/call-1/attempt-2``): an action names its
+Ids are local and stable (``round/0/call/1/attempt/2``: no ``-``, which PROV-N
+would make ``prov`` escape character by character): an action names its
 ``parent`` and the values it ``used`` or ``generated`` by id, so an item never waits
 for another. Nothing secret is read: the spec's notify URLs are masked again (a
 campaign recorded before they were masked at load time still has them), the site
@@ -261,7 +262,7 @@ def _rounds(reader: Reader, cid: int) -> Iterator[Action]:
     for row in reader.all(ROUNDS, cid=cid):
         index = row["round_index"]
         yield Action(
-            id=f"round-{index}",
+            id=f"round/{index}",
             kind="round",
             name=f"round {index}",
             status=_ROUND_STATUS.get(row["status"], "failed"),
@@ -273,15 +274,15 @@ def _rounds(reader: Reader, cid: int) -> Iterator[Action]:
     for call in reader.all(GATE_CALLS, cid=cid):
         index, number = call["round_index"], call["call_index"]
         fallback = Value(
-            f"round-{index}/call-{number}/fallback", "fallback sha256", call["fallback_hash"]
+            f"round/{index}/call/{number}/fallback", "fallback sha256", call["fallback_hash"]
         )
         yield Action(
-            id=f"round-{index}/call-{number}",
+            id=f"round/{index}/call/{number}",
             kind="gate_call",
             name=f"gate call {number} of round {index} ({call['name']})",
             status=_CALL_STATUS.get(call["disposition"], "failed"),
             start=_iso(call["fallback_computed_at"]),
-            parent=f"round-{index}",
+            parent=f"round/{index}",
             agent="gate",
             values=(fallback,),
             generated=(fallback.id,),
@@ -293,14 +294,14 @@ def _rounds(reader: Reader, cid: int) -> Iterator[Action]:
 
 def _attempts(reader: Reader, cid: int) -> Iterator[Action]:
     for row in reader.stream(sql.EXPORT_ATTEMPTS, cid=cid):
-        call = f"round-{row['round_index']}/call-{row['call_index']}"
-        own = f"{call}/attempt-{row['number']}"
+        call = f"round/{row['round_index']}/call/{row['call_index']}"
+        own = f"{call}/attempt/{row['number']}"
         proposal = Value(f"{own}/proposal", "proposal", row["value"])
         refused = row["failed_by"] or row["rejected_by"]
         yield Action(
             id=own,
             kind="attempt",
-            name=f"attempt {row['number']} of {call.replace('-', ' ').replace('/', ', ')}",
+            name=f"attempt {row['number']} of call {row['call_index']}, round {row['round_index']}",
             status="failed" if refused else "completed",
             parent=call,
             agent="planner",
@@ -340,7 +341,7 @@ def _verifier(attempt: str, proposal: str, verdict: dict[str, Any]) -> Iterator[
             continue
         status = task.get("status")
         yield Action(
-            id=f"{run}/task-{task.get('index')}",
+            id=f"{run}/task/{task.get('index')}",
             kind="verifier_task",
             name=f"verifier task {task.get('key')}",
             status=_TASK_STATUS.get(str(status), "failed"),
@@ -355,7 +356,7 @@ def _verifier(attempt: str, proposal: str, verdict: dict[str, Any]) -> Iterator[
 
 def _decisions(reader: Reader, cid: int) -> Iterator[Action]:
     for row in reader.all(sql.EXPORT_DECISIONS, cid=cid):
-        own = f"round-{row['round_index']}/decision-{row['seq']}"
+        own = f"round/{row['round_index']}/decision/{row['seq']}"
         outcome = Value(f"{own}/outcome", "outcome", row["outcome"])
         fired = ", ".join(str(rule) for rule in row["rules_fired"] or ())
         reason = " ".join(x for x in (row["code"] or "", row["reason"] or "") if x)
@@ -365,7 +366,7 @@ def _decisions(reader: Reader, cid: int) -> Iterator[Action]:
             name=f"policy decision {row['seq']} of round {row['round_index']}: {row['outcome']}",
             status="completed",
             end=_iso(row["recorded_at"]),
-            parent=f"round-{row['round_index']}",
+            parent=f"round/{row['round_index']}",
             agent="policy",
             values=(outcome,),
             generated=(outcome.id,),
@@ -386,7 +387,7 @@ def _approval(reader: Reader, key: str) -> Iterator[Action]:
         status="completed" if found.decision else "active",
         start=_iso(found.requested_at),
         end=_iso(found.decided_at),
-        parent=f"round-{found.round_index}",
+        parent=f"round/{found.round_index}",
         agent=person_id(found.decided_by) if found.decided_by else None,
         participants=tuple(person_id(p) for p in found.approvers_allowed),
         values=(decision,),
@@ -394,7 +395,7 @@ def _approval(reader: Reader, key: str) -> Iterator[Action]:
         description=found.comment,
     )
     for number, event in enumerate(found.events):
-        answer = Value(f"{own}/event-{number}/decision", "decision", event.decision)
+        answer = Value(f"{own}/event/{number}/decision", "decision", event.decision)
         notes = [
             "allowed" if event.allowed else "not allowed",
             "settled the request" if event.settled else "did not settle the request",
@@ -402,7 +403,7 @@ def _approval(reader: Reader, key: str) -> Iterator[Action]:
         notes += [f"proof: {event.proof}"] if event.proof else []
         notes += [f"refused: {event.refusal}"] if event.refusal else []
         yield Action(
-            id=f"{own}/event-{number}",
+            id=f"{own}/event/{number}",
             kind="approval_event",
             name=f"answer of {event.decided_by} to {key}: {event.decision}",
             status="completed" if event.allowed else "failed",
@@ -418,7 +419,7 @@ def _approval(reader: Reader, key: str) -> Iterator[Action]:
 def _tasks(reader: Reader, batch: dict[str, Any]) -> Iterator[Action]:
     launched, finished = _iso(batch["launched_at"]), _iso(batch["finished_at"])
     for task in task_records(reader, batch["id"]):
-        own = f"batch-{batch['key']}/task-{task.index}"
+        own = f"batch/{batch['key']}/task/{task.index}"
         candidate = Value(f"{own}/candidate", "candidate", task.candidate)
         result = Value(f"{own}/result", "result", task.value)
         failed = task.status != "done"
@@ -429,7 +430,7 @@ def _tasks(reader: Reader, batch: dict[str, Any]) -> Iterator[Action]:
             status=_TASK_STATUS.get(task.status, "failed"),
             start=launched,
             end=finished,
-            parent=f"round-{batch['round_index']}",
+            parent=f"round/{batch['round_index']}",
             agent="simulation",
             values=(candidate, result),
             used=(candidate.id,),

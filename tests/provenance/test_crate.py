@@ -230,7 +230,7 @@ class TestMapping:
         )
         assert approval["agent"] == {"@id": "#person/alice"}
         assert graph[approval["result"]["@id"]]["value"] == "approved"
-        answers = [e for i, e in graph.items() if "/event-" in i and "AssessAction" in _types(e)]
+        answers = [e for i, e in graph.items() if "/event/" in i and "AssessAction" in _types(e)]
         by_agent = {a["agent"]["@id"]: a for a in answers}
         assert by_agent["#person/mallory"]["actionStatus"]["@id"].endswith("FailedActionStatus")
         assert graph[by_agent["#person/mallory"]["result"]["@id"]]["value"] == "not_allowed"
@@ -251,7 +251,7 @@ class TestMapping:
     def test_tasks_say_where_they_ran_and_what_came_back(self, crates: dict[str, Path]) -> None:
         graph = _graph(crates["demo"])
         tasks = [
-            e for i, e in graph.items() if i.startswith("#batch-") and "CreateAction" in _types(e)
+            e for i, e in graph.items() if i.startswith("#batch/") and "CreateAction" in _types(e)
         ]
         assert tasks
         assert all("location" in t and "result" in t and "object" in t for t in tasks)
