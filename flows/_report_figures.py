@@ -122,7 +122,9 @@ def dispositions_figure(rounds: Sequence[dict[str, Any]]) -> Any:
     ax = fig.subplots()
     xs = [r["index"] for r in rounds]
     bottom = [0] * len(rounds)
-    for disposition in _DISPOSITIONS:
+    recorded = {d for r in rounds for d in r["dispositions"]}
+    # The known ones in their usual order, then any other the store holds (e.g. "failed").
+    for disposition in (*_DISPOSITIONS, *sorted(recorded - set(_DISPOSITIONS))):
         heights = [r["dispositions"].get(disposition, 0) for r in rounds]
         if any(heights):
             ax.bar(xs, heights, bottom=bottom, label=disposition)
