@@ -24,9 +24,10 @@ from the provenance database alone (``docs/ro-crate.md`` has the whole mapping):
 the metadata as one ``json.dumps``, so the fixed part (root, workflow, tools,
 inputs, files: a few dozen entities) is a :class:`rocrate.rocrate.ROCrate`, and the
 actions (millions for a big campaign) are ``rocrate`` entities made one at a time
-and appended to ``ro-crate-metadata.json`` as they come: memory stays flat in the
-number of attempts. The crate appears whole or not at all (written beside the
-target, then renamed; a ``.zip`` is written from the finished folder).
+and appended to ``ro-crate-metadata.json`` as they come
+(:mod:`flows._provenance._crate_actions`): memory stays flat in the number of
+attempts. The crate appears whole or not at all (written beside the target, then
+renamed; a ``.zip`` is written from the finished folder).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from rocrate.rocrate import ROCrate
 
 from flows._paths import private_dir
 from flows._provenance import _export
+from flows._provenance._crate_actions import STATUS, ActionWriter, agent_id, ref, refs
 from flows._provenance._prov import ProvWriter
 from flows._provenance._run_graph import (
     KINDS,
@@ -72,12 +74,6 @@ REPORT_DIR: Final = "report"
 PROV_JSON: Final = "provenance.prov.json"
 PROVN: Final = "provenance.provn"
 
-_STATUS: Final = {
-    "completed": "http://schema.org/CompletedActionStatus",
-    "failed": "http://schema.org/FailedActionStatus",
-    "active": "http://schema.org/ActiveActionStatus",
-}
-_ASSESSED: Final = frozenset({"decision", "approval", "approval_event"})
 _TOOLS: Final = {
     "engine": ("round loop", "The campaign flow's round loop: one round of proposals and tasks."),
     "gate": ("accept gate", "Asks the planner for a proposal and checks it, with a fallback."),
@@ -100,146 +96,12 @@ _STEP_NAMES: Final = {
 }
 
 
-def _ref(identifier: str) -> dict[str, str]:
-    return {"@id": identifier}
-
-
-def _refs(identifiers: list[str]) -> Any:
-    """Return references to ``identifiers``: one value, or a list of several (RO-Crate 1.1)."""
-    refs = [_ref(i) for i in identifiers]
-    return refs[0] if len(refs) == 1 else refs
-
-
-def _local(graph_id: str) -> str:
-    """Return the crate id of a graph id (``round/0/call/1`` -> ``#round/0/call/1``)."""
-    return f"#{graph_id}"
-
-
-def _agent(graph_id: str) -> str:
-    return f"#{graph_id}" if graph_id.startswith("person/") else f"#tool/{graph_id}"
-
-
-def _duration(seconds: Any) -> str | None:
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
-        return f"PT{max(float(seconds), 0.0):.6f}S"
-    return None
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
         while chunk := stream.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-class _ActionWriter:
-    """Append each action's entities to the crate's graph file as they come."""
-
-    def __init__(self, crate: ROCrate, graph: IO[str], controls: IO[str]) -> None:
-        self.crate = crate
-        self.graph = graph
-        self.controls = controls
-        self.kinds: set[str] = set()
-        self.tools: set[str] = set()
-        self.places: set[str] = set()
-        self.count = 0
-
-    def emit(self, identifier: str, properties: dict[str, Any]) -> None:
-        entity = ContextEntity(self.crate, identifier, properties=properties)
-        self.graph.write(",\n" + json.dumps(entity.properties(), ensure_ascii=False))
-        self.count += 1
-
-    def action(self, action: Action) -> None:
-        own = _local(action.id)
-        tool = f"#tool/{TOOL_OF[action.kind]}"
-        self.kinds.add(action.kind)
-        self.tools.add(TOOL_OF[action.kind])
-        assessed = action.kind in _ASSESSED
-        properties: dict[str, Any] = {
-            # A decision or an answer produces an outcome (a CreateAction, which the
-            # profile's ControlAction needs) and is an assessment.
-            "@type": ["CreateAction", "AssessAction"] if assessed else "CreateAction",
-            "name": action.name,
-            "instrument": _ref(tool),
-            "actionStatus": _ref(_STATUS[action.status]),
-        }
-        optional = {
-            "startTime": action.start,
-            "endTime": action.end,
-            "error": action.error,
-            "description": action.description,
-            "identifier": action.properties.get("identifier"),
-            "duration": _duration(action.properties.get("duration")),
-        }
-        properties.update({k: v for k, v in optional.items() if v})
-        if action.agent:
-            properties["agent"] = _ref(_agent(action.agent))
-        if action.participants:
-            properties["participant"] = _refs([_agent(p) for p in action.participants])
-        if action.used:
-            properties["object"] = _refs([_local(v) for v in action.used])
-        if action.generated:
-            properties["result"] = _refs([_local(v) for v in action.generated])
-        if action.host or action.job:
-            properties["location"] = _ref(self._place(action.host, action.job))
-        self.emit(own, properties)
-        for value in action.values:
-            self.emit(
-                _local(value.id),
-                {"@type": "PropertyValue", "name": value.name, "value": value.text()},
-            )
-        control = f"#control/{action.id}"
-        self.emit(
-            control,
-            {
-                "@type": "ControlAction",
-                "name": f"orchestrate {action.name}",
-                "instrument": _ref(f"#step/{action.kind}"),
-                "object": _ref(own),
-                "actionStatus": _ref(_STATUS[action.status]),
-            },
-        )
-        self.controls.write(control + "\n")
-
-    def _place(self, host: str | None, job: str | None) -> str:
-        """Return the Place of a task: its node (host) in its Slurm job, made on first use."""
-        job_place = f"#slurm-job/{job}" if job else None
-        node = f"{job_place or '#host'}/{host or 'unknown'}"
-        if node not in self.places:
-            self.places.add(node)
-            properties: dict[str, Any] = {"@type": "Place", "name": host or "unknown node"}
-            if job_place:
-                properties["containedInPlace"] = _ref(job_place)
-            self.emit(node, properties)
-        return node
-
-    def job(self, job: Job) -> None:
-        place = f"#slurm-job/{job.job_id}"
-        self.places.add(place)
-        times = ", ".join(
-            f"{label} {value}"
-            for label, value in (
-                ("requested", job.requested_at),
-                ("started", job.started_at),
-                ("planned end", job.ends_at),
-                ("ended", job.ended_at),
-            )
-            if value
-        )
-        self.emit(
-            place,
-            {
-                "@type": "Place",
-                "name": f"Slurm job {job.job_id}",
-                "identifier": job.job_id,
-                "description": (
-                    f"allocation request {job.request}: state {job.state or '-'}, "
-                    f"end reason {job.end_reason or '-'}, nodes {' '.join(job.nodes) or '-'}"
-                    + (f"; {times}" if times else "")
-                ),
-            },
-        )
 
 
 def _fixed_crate(campaign: Campaign, folder: Path) -> ROCrate:
@@ -260,7 +122,7 @@ def _fixed_crate(campaign: Campaign, folder: Path) -> ROCrate:
                 properties={"@type": "CreativeWork", "name": name, "version": version},
             )
         )
-    crate.root_dataset["conformsTo"] = [_ref(p) for p in PROFILES]
+    crate.root_dataset["conformsTo"] = [ref(p) for p in PROFILES]
     language = crate.add(
         ComputerLanguage(
             crate,
@@ -358,14 +220,14 @@ def _inputs(crate: ROCrate, inputs: list[Input]) -> list[dict[str, str]]:
                     "name": pin.name,
                     "additionalType": "File",
                     "valueRequired": pin.name == "spec",
-                    "workExample": _ref(entity),
-                    "conformsTo": _ref(
+                    "workExample": ref(entity),
+                    "conformsTo": ref(
                         "https://bioschemas.org/profiles/FormalParameter/1.0-RELEASE"
                     ),
                 },
             )
         )
-        parameters.append(_ref(parameter))
+        parameters.append(ref(parameter))
     return parameters
 
 
@@ -374,7 +236,7 @@ def _finish_crate(
     campaign: Campaign,
     inputs: list[Input],
     agents: list[Agent],
-    actions: _ActionWriter,
+    actions: ActionWriter,
     files: list[str],
 ) -> None:
     """Add the workflow's tools, steps and inputs, the agents and the campaign run."""
@@ -399,7 +261,7 @@ def _finish_crate(
                     "@type": "HowToStep",
                     "name": _STEP_NAMES[kind],
                     "position": str(position),
-                    "workExample": _ref(f"#tool/{TOOL_OF[kind]}"),
+                    "workExample": ref(f"#tool/{TOOL_OF[kind]}"),
                 },
             )
         )
@@ -407,11 +269,11 @@ def _finish_crate(
         if agent.kind == "person":
             crate.add(
                 ContextEntity(
-                    crate, _agent(agent.id), properties={"@type": "Person", "name": agent.name}
+                    crate, agent_id(agent.id), properties={"@type": "Person", "name": agent.name}
                 )
             )
-    workflow["hasPart"] = [_ref(f"#tool/{name}") for name in tools]
-    workflow["step"] = [_ref(f"#step/{kind}") for kind in steps]
+    workflow["hasPart"] = [ref(f"#tool/{name}") for name in tools]
+    workflow["step"] = [ref(f"#step/{kind}") for kind in steps]
     workflow["input"] = _inputs(crate, inputs)
     for agent in agents:  # the planner's and policy's names as the spec states them
         if agent.kind == "software" and agent.id in tools:
@@ -422,12 +284,12 @@ def _finish_crate(
         "name": f"Run of campaign {campaign.name}",
         "description": f"status {campaign.status}"
         + (f" ({campaign.error_code})" if campaign.error_code else ""),
-        "instrument": _ref(SPEC),
+        "instrument": ref(SPEC),
         "startTime": campaign.created_at,
-        "object": _refs([f"#input/{pin.name}" for pin in inputs]),
-        "result": _refs(files),
-        "actionStatus": _ref(
-            _STATUS[
+        "object": refs([f"#input/{pin.name}" for pin in inputs]),
+        "result": refs(files),
+        "actionStatus": ref(
+            STATUS[
                 "completed" if campaign.status == "completed" else "failed" if ended else "active"
             ]
         ),
@@ -437,7 +299,7 @@ def _finish_crate(
     if campaign.error_code:
         run["error"] = campaign.error_code
     crate.add(ContextEntity(crate, "#run", properties=run))
-    crate.root_dataset["mentions"] = _ref("#run")
+    crate.root_dataset["mentions"] = ref("#run")
 
 
 def _write_metadata(
@@ -451,8 +313,8 @@ def _write_metadata(
         properties={
             "@type": "OrganizeAction",
             "name": f"unattended orchestrating campaign {campaign.name}",
-            "instrument": _ref("#unattended"),
-            "result": _ref("#run"),
+            "instrument": ref("#unattended"),
+            "result": ref("#run"),
             "startTime": campaign.created_at,
         },
     ).properties()
@@ -471,7 +333,7 @@ def _write_metadata(
         controls.seek(0)
         first = True
         for line in controls:
-            out.write(("" if first else ", ") + json.dumps(_ref(line.rstrip("\n"))))
+            out.write(("" if first else ", ") + json.dumps(ref(line.rstrip("\n"))))
             first = False
         out.write("]}\n]}\n")
 
@@ -508,7 +370,7 @@ def build_crate(store: Any, name: str, folder: Path) -> dict[str, int]:
             tempfile.TemporaryDirectory(prefix=".prov-", dir=folder) as spill,
             (folder / PROVN).open("w", encoding="utf-8") as provn,
         ):
-            actions = _ActionWriter(crate, graph, controls)
+            actions = ActionWriter(crate, graph, controls)
             prov = ProvWriter(provn, folder / PROV_JSON, Path(spill))
             prov.add(campaign)
             for item in items:
