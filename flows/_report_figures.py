@@ -36,9 +36,12 @@ class DrawnFigure:
 
 
 def _new_figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no global figure registry to leak
 
-    return Figure(figsize=(width, height), layout="constrained")
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)  # its renderer measures the legends for describe()
+    return figure
 
 
 def _integer_ticks(axis: Any) -> None:
@@ -211,7 +214,7 @@ def describe(figure: Any) -> dict[str, Any]:
     labelled lines (their data) and its box in figure fractions; for each legend
     its entries and box. Call it after the figure was drawn (layout applied).
     """
-    renderer = figure._get_renderer()  # the Agg renderer savefig used; no public accessor
+    renderer = figure.canvas.get_renderer()
     axes = []
     for ax in figure.axes:
         entry: dict[str, Any] = {
