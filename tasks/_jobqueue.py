@@ -140,13 +140,21 @@ async def start_jobqueue_cluster(site: SiteConfig, spec: DaskBackend, logs: Path
     return await cluster_class(**cluster_options(site, spec, logs))
 
 
-def kill_task_groups() -> int:
+def kill_task_groups(dask_worker: Any = None) -> int:
     """Kill the process group of every child of this process that leads its own; return how many.
 
     Runs on a Dask worker (Linux ``/proc``): executables run there in their own
     session (``run_executable_blocking``), a thread waiting for each, so neither
-    cancelling the Dask task nor closing the worker stops them.
+    cancelling the Dask task nor closing the worker stops them. The worker
+    (``dask_worker``, passed by Dask's ``run``) is paused first: otherwise the
+    thread freed by a killed executable starts the next task the worker holds,
+    whose executable would outlive the worker's removal (seen on 3 nodes: a task
+    completed there and again where Dask rescheduled it).
     """
+    if dask_worker is not None:
+        from distributed.core import Status
+
+        dask_worker.status = Status.paused  # starts no further task
     me = os.getpid()
     killed = 0
     for entry in os.listdir("/proc"):

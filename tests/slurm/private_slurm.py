@@ -330,6 +330,45 @@ class SlurmCluster:
             time.sleep(0.05)
         return pid
 
+    def kill_node(self, node: str) -> list[int]:
+        """SIGKILL a node whole: its slurmd, its jobs' processes and their slurmstepd.
+
+        The jobs' processes are those whose environment names this cluster
+        (``SLURM_CONF``) and this node (``SLURMD_NODENAME``); their ``slurmstepd``
+        parents go too. Returns the pids killed besides slurmd's.
+        """
+        self.kill_slurmd(node)
+        conf = f"SLURM_CONF={self.conf}".encode()
+        name = f"SLURMD_NODENAME={node}".encode()
+        doomed: set[int] = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                stat = Path(f"/proc/{entry}/stat").read_text("ascii", errors="replace")
+            except OSError:
+                continue
+            if conf in environ and name in environ:
+                doomed.add(int(entry))
+                parent = int(stat.rsplit(")", 1)[1].split()[1])
+                try:
+                    command = Path(f"/proc/{parent}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if command.startswith(b"slurmstepd"):
+                    doomed.add(parent)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        while any(_alive(pid) for pid in doomed):
+            time.sleep(0.05)
+        # The killed slurmstepd left their sockets: gone as after a reboot, so the
+        # restarted slurmd does not wait on steps that no longer exist.
+        for socket_file in self._node_files(node)[3].glob(f"{node}_*"):
+            socket_file.unlink(missing_ok=True)
+        return sorted(doomed)
+
     def start_slurmd(self, node: str | None = None, timeout: float = _START_TIMEOUT) -> None:
         """Start a node's slurmd (after ``kill_slurmd``); it registers with the controller."""
         name, pid_file, log, spool = self._node_files(node)

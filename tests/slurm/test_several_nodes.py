@@ -128,8 +128,8 @@ GATED_SIMULATION = textwrap.dedent(
     index = int(candidate[0])
     where = f"{os.environ.get('SLURMD_NODENAME')} {os.environ.get('SLURM_JOB_ID')}"
     started = pathlib.Path(f"{gate}.started-{index}")
-    started.with_suffix(".tmp").write_text(where)
-    started.with_suffix(".tmp").rename(started)
+    pathlib.Path(f"{started}.tmp").write_text(where)
+    pathlib.Path(f"{started}.tmp").rename(started)
     while not os.path.exists(gate):
         time.sleep(0.05)
     with open(log, "a", encoding="ascii") as out:
@@ -168,8 +168,17 @@ async def dask_workers(executor: AllocationExecutor) -> int:
 @pytest.mark.asyncio
 class TestOneNodeOfThreeFails:
     @pytest.mark.timeout(240)
-    async def test_slurmd_killed_on_one_node_the_others_keep_their_tasks_each_done_once(
-        self, on_three_nodes: SlurmCluster, tmp_path: Path
+    @pytest.mark.parametrize(
+        "death",
+        [
+            "slurmd",  # half-dead: the job's worker and simulation live on
+            # The whole node (slurmd, the job's processes, its slurmstepd): Dask loses
+            # the worker at once; the same outcome by another route.
+            pytest.param("node", marks=pytest.mark.long),
+        ],
+    )
+    async def test_one_node_dies_the_others_keep_their_tasks_each_done_once(
+        self, on_three_nodes: SlurmCluster, tmp_path: Path, death: str
     ) -> None:
         slurm = on_three_nodes
         log, gate = tmp_path / "completions.txt", tmp_path / "gate"
@@ -191,7 +200,10 @@ class TestOneNodeOfThreeFails:
                         before_kill.update(started_where(gate))
                         index, (node, job) = min(before_kill.items())
                         victim.append((index, node, job))
-                        slurm.kill_slurmd(node)
+                        if death == "slurmd":
+                            slurm.kill_slurmd(node)
+                        else:
+                            assert slurm.kill_node(node), f"no process of {node} found"
                         # Slurm fails that job; the executor retires its worker.
                         await until(
                             lambda: any(
@@ -223,11 +235,17 @@ class TestOneNodeOfThreeFails:
         assert [r.job_id for r in records] == jobs, records
         assert {r.request for r in records} == {1}, records
         failed = next(r for r in records if r.job_id == lost_job)
-        assert (failed.state, failed.end_reason) == ("NODE_FAIL", "node_fail"), records
         assert failed.nodes == (lost_node,), failed
         logged = read_jobcomp(slurm.jobcomp, lost_job)  # Slurm's own record agrees
         assert logged is not None
-        assert logged.state == "NODE_FAIL", logged
+        assert failed.state == logged.state, (failed, logged)
+        if death == "slurmd":
+            assert (failed.state, failed.end_reason) == ("NODE_FAIL", "node_fail"), records
+        else:
+            # Its worker gone, dask-jobqueue cancels the job after the lost-worker
+            # timeout (15 s), before Slurm hears nothing for SlurmdTimeout (5 s here,
+            # but ~25 s to fail the node): Slurm logs CANCELLED, as recorded.
+            assert failed.end_reason in ("node_fail", "cancelled"), records
         assert {node for r in records for node in r.nodes} == set(NODES), records
         # Every task done exactly once, by the simulations' own log.
         assert all(r.status == "done" for r in results), results
@@ -412,3 +430,115 @@ def test_inspect_counts_a_batch_per_node_and_status() -> None:
     ]
     assert _node_spread(results) == "n1 2 done, 1 interrupted; n2 1 done"
     assert _node_spread([{"host": None, "status": "failed"}]) == ""
+
+
+# RADICAL-Pilot: one pilot over the three nodes. Run by the overlay Python (the
+# pilot's extra is not in the test extra); the test process kills and revives the
+# node, watching the files the tasks write.
+PILOT_SCRIPT = """
+import asyncio, json, sys
+from tasks import AllocationExecutor, ExecutableTask, load_site
+
+SITE, WORK, GATED, LOG, GATE = sys.argv[1:6]
+
+def task(code, *args):
+    return ExecutableTask([sys.executable, "-c", code, *args])
+
+SPREAD = "import time; time.sleep(3)"  # three at once: one a node
+
+async def main():
+    site = load_site(SITE)
+    async with AllocationExecutor.from_site(site, work_dir=WORK) as ex:
+        spread = await ex.run_batch([task(SPREAD) for _ in range(3)], key_prefix="rp/spread")
+        gated = [task(GATED, LOG, GATE, str(i)) for i in range(3)]
+        results = await ex.run_until_done(gated, key_prefix="rp/gated")
+    print(json.dumps({
+        "spread": [r.model_dump(mode="json") for r in spread],
+        "results": [r.model_dump(mode="json") for r in results],
+        "allocations": [r.__dict__ for r in ex.allocations],
+    }))
+
+asyncio.run(main())
+"""
+
+# A pilot task that says where it started, waits for the gate, then logs its completion.
+PILOT_GATED = (
+    "import os, pathlib, sys, time; log, gate, index = sys.argv[1:4]; "
+    "where = os.environ.get('SLURMD_NODENAME', '') + ' ' + os.environ.get('SLURM_JOB_ID', ''); "
+    "pathlib.Path(gate + '.started-' + index + '-' + where.replace(' ', '-')).touch(); "
+    "exec('while not os.path.exists(gate): time.sleep(0.1)'); "
+    "open(log, 'a').write(index + ' ' + where + chr(10))"
+)
+
+
+@pytest.mark.long  # ~4 min: two pilots of 40-80 s each; the Dask node failure runs by default
+@pytest.mark.timeout(1500)
+def test_one_pilot_over_three_nodes_loses_a_node_and_its_tasks_run_once_in_the_next(
+    radical_python: Path, on_three_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    """``site-configs/slurm-radical-multinode.toml`` as shipped: tasks spread, one node dies.
+
+    Slurm fails the whole pilot job when one of its nodes fails (``NODE_FAIL``): its
+    tasks come back interrupted and run, once, in the next pilot.
+    """
+    slurm = on_three_nodes
+    site = ROOT / "site-configs" / "slurm-radical-multinode.toml"
+    log, gate = tmp_path / "completions.txt", tmp_path / "gate"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**slurm.env, "HOME": str(home)}
+    argv = [str(radical_python), "-c", PILOT_SCRIPT, str(site), str(tmp_path / "work")]
+    argv += [PILOT_GATED, str(log), str(gate)]
+
+    def started() -> list[tuple[str, str, str]]:  # (index, node, job) of each start
+        found = []
+        for path in tmp_path.glob("gate.started-*"):
+            index, node, job = path.name.removeprefix("gate.started-").split("-")
+            found.append((index, node, job))
+        return found
+
+    victim: str | None = None
+    with (tmp_path / "pilot.err").open("w") as err:
+        run = subprocess.Popen(
+            argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        first = wait_for(lambda: len(started()) == len(NODES) and started(), timeout=600)
+        assert {node for _, node, _ in first} == set(NODES), first
+        (failed_job,) = {job for _, _, job in first}
+        victim = "n2"
+        slurm.kill_slurmd(victim)
+
+        def node_failed() -> bool:
+            logged = read_jobcomp(slurm.jobcomp, failed_job)
+            return logged is not None and logged.state == "NODE_FAIL"
+
+        wait_for(node_failed, timeout=180)
+        slurm.start_slurmd(victim)
+        victim = None
+        # The gate opens once the three run again, in the next pilot.
+        wait_for(lambda: sum(job != failed_job for *_, job in started()) == len(NODES), 600)
+        gate.touch()
+        stdout, _ = run.communicate(timeout=600)
+    finally:
+        gate.touch()
+        if victim is not None:
+            slurm.start_slurmd(victim)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, (tmp_path / "pilot.err").read_text()[-3000:]
+    report = json.loads(stdout.strip().splitlines()[-1])
+    # The batch spread over the pilot's three nodes, each result naming its node.
+    assert {r["host"] for r in report["spread"]} == set(NODES), report["spread"]
+    assert {r["job_id"] for r in report["spread"]} == {failed_job}
+    jobs = {r["job_id"]: r for r in report["allocations"]}
+    assert next(iter(jobs)) == failed_job
+    assert jobs[failed_job]["node_count"] == len(NODES), jobs
+    assert jobs[failed_job]["end_reason"] == "node_fail", jobs
+    # Each gated task done once, by the tasks' own log, in the next pilot.
+    assert all(r["status"] == "done" for r in report["results"]), report["results"]
+    lines = log.read_text().splitlines()
+    assert Counter(line.split()[0] for line in lines) == Counter(["0", "1", "2"]), lines
+    assert all(line.split()[2] != failed_job for line in lines), lines
+    assert {r["job_id"] for r in report["results"]} <= set(jobs) - {failed_job}
