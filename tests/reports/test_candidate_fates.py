@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -150,6 +152,23 @@ class TestCandidatesAndApprovals:
         assert [f for f in fates if f[2] == "struck"] == [
             ("proposal", i, "struck", "alice") for i in (5, 6, 7)
         ]
+
+    def test_the_report_counts_what_the_form_asked_about_and_the_first_n_kept(
+        self, tmp_path: Path, engine_runner: Any, report_writer: Any
+    ) -> None:
+        from flows._prefect._approval_form import Approval
+
+        spec = _campaign(tmp_path, ask=True)
+        answer = Approval(decision="approve", approver="alice", batch_size=3)
+        assert _run(engine_runner, spec, _answers(answer)).status == "completed"
+        campaign = SimpleNamespace(name=NAME, database=tmp_path / "state")
+        html = report_writer(campaign, tmp_path / "report").path.read_text()
+        # far-corner refused 2 of the 8 before asking: the form listed 6, alice kept #0-#2.
+        assert re.search(
+            r"<td>3 of 6 candidates \(#0, #1, #2\) approved by alice at "
+            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>",
+            html,
+        )
 
     def test_a_rejected_batch_skips_its_candidates_and_a_replay_records_nothing_twice(
         self, tmp_path: Path, engine_runner: Any, capsys: pytest.CaptureFixture[str]
