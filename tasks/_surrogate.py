@@ -114,6 +114,11 @@ class GaussianProcess:
         return len(self._values)
 
     @property
+    def best_value(self) -> float | None:
+        """Return the lowest value assimilated so far (None before any)."""
+        return float(self._values.min()) if len(self._values) else None
+
+    @property
     def fitted_length_scales(self) -> tuple[float, ...] | None:
         """Return the length scale of each dimension in input units, or None without data."""
         if not len(self._values):

@@ -77,6 +77,13 @@ class ApprovalRequest:
     # Where each row of ``proposed`` came from, ``(source, index)`` as ``inspect`` and the
     # candidate fates name it; differs from the row's # once candidate rules thinned it.
     origins: Sequence[tuple[str, int]] = ()
+    # The rule's condition as it held (its expression and the values it read), shown
+    # beside ``reason`` (the rule's description, in words) when the rule has both.
+    condition: str = ""
+    rationale: str = ""  # the planner's, as it proposed the batch (untrusted text)
+    predictions: Sequence[float | None] = ()  # the verifier's, per row of ``proposed``
+    best_so_far: float | None = None  # the best objective any finished task reached
+    fallback_node_hours: float | None = None  # what the fallback batch would cost
 
     @property
     def key(self) -> str:
@@ -88,107 +95,154 @@ class ApprovalRequest:
         return f"{self.key}-n{refused}"
 
 
+def _point(candidate: Sequence[float]) -> str:
+    return ", ".join(f"{x:.4g}" for x in candidate)
+
+
+def candidate_labels(request: ApprovalRequest) -> list[str]:
+    """Return one label per proposed row, as the form's Candidates select offers it.
+
+    ``#3: (0.6, 0.5), predicted 1.23``: the row's # (what ``judge`` and the
+    provenance call it), its coordinates and the verifier's prediction when one was
+    made. The same request gives the same labels on every replay, so an answer
+    stored as labels reads back as the same rows.
+    """
+    labels = []
+    for i, candidate in enumerate(request.proposed):
+        label = f"#{i}: ({_point(candidate)})"
+        predicted = request.predictions[i] if i < len(request.predictions) else None
+        if predicted is not None:
+            label += f", predicted {predicted:.4g}"
+        labels.append(label)
+    return labels
+
+
 def _table(
     candidates: Sequence[Sequence[float]],
     limit: int | None = 12,
     origins: Sequence[tuple[str, int]] = (),
+    predictions: Sequence[float | None] = (),
 ) -> str:
     limit = len(candidates) if limit is None else limit
-    # A third column only when the # differs from the gate's numbering (candidate rules
-    # refused some, or the fallback topped the batch up): inspect names candidates by it.
+    # A column for where a row came from only when the # differs from the gate's
+    # numbering (candidate rules refused some, or the fallback topped the batch up).
     renumbered = bool(origins) and any(o != ("proposal", i) for i, o in enumerate(origins))
-    rows = [
-        f"| {i} | "
-        + ", ".join(f"{x:.4g}" for x in c)
-        + (f" | {origins[i][0]} {origins[i][1]}" if renumbered else "")
-        + " |"
-        for i, c in enumerate(candidates[:limit])
-    ]
+    predicted = any(p is not None for p in predictions)
+    head = ["#", "candidate"]
+    if predicted:
+        head.append("verifier predicts")
+    if renumbered:
+        head.append("in `inspect`")
+    rows = []
+    for i, c in enumerate(candidates[:limit]):
+        cells = [str(i), _point(c)]
+        if predicted:
+            value = predictions[i] if i < len(predictions) else None
+            cells.append("–" if value is None else f"{value:.4g}")
+        if renumbered:
+            cells.append(f"{origins[i][0]} {origins[i][1]}")
+        rows.append("| " + " | ".join(cells) + " |")
     more = len(candidates) - limit
     if more > 0:
-        rows.append(f"| … | {more} more |" + (" |" if renumbered else ""))
-    head = ["| # | candidate |", "| --- | --- |"]
-    if renumbered:
-        head = ["| # | candidate | in `inspect` |", "| --- | --- | --- |"]
-    return "\n".join([*head, *rows])
+        rows.append("| … | " + " | ".join([f"{more} more"] + [""] * (len(head) - 2)) + " |")
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *rows])
 
 
-def _collapsed(
-    title: str,
-    candidates: Sequence[Sequence[float]],
-    limit: int | None = 12,
-    origins: Sequence[tuple[str, int]] = (),
-) -> list[str]:
-    # The UI renders raw HTML through a sanitiser that keeps <details>: the long
-    # tables stay folded, so the form's fields are one scroll away, not 16 rows.
-    table = _table(candidates, limit, origins)
-    return ["<details>", f"<summary>{title}</summary>", "", table, "", "</details>"]
+def _when(deadline: datetime) -> str:
+    """Return the deadline in UTC, and in the login node's zone when that differs.
+
+    The UI renders this markdown as it is (no script runs in it), so it cannot be
+    put in each approver's own zone; Prefect's header shows the run's times in the
+    browser's zone.
+    """
+    utc = deadline.astimezone(UTC)
+    text = utc.strftime("%Y-%m-%d %H:%M UTC")
+    local = deadline.astimezone()
+    if local.utcoffset() != timedelta(0):
+        text += f" ({local.strftime('%H:%M')} {local.tzname()} on the login node)"
+    return text
+
+
+def _untrusted(text: str, limit: int = 600) -> str:
+    """Return an agent's text as one inert code span (no links, no markup), shortened."""
+    flat = " ".join(text.replace("`", "'").split())
+    return f"`{flat[:limit]}{'…' if len(flat) > limit else ''}`" if flat else "(none given)"
 
 
 def describe(request: ApprovalRequest) -> str:
-    """Return the form's markdown: what each answer does, why the rule asked, the batches.
+    """Return the form's markdown: what each answer does and why the rule asked, then details.
 
-    Written for a tired approver: the consequences of approve, reject and silence
-    first, each said once; the rule and its reason; the tables folded at the end.
+    Written for a tired approver: the few lines above the fields say once what
+    approve, reject and silence do, and why the rule asked (its description in
+    words, its condition once); everything else (rationale, predictions, best so
+    far, costs, both batches) is folded below, so the fields show without scrolling.
     """
-    approvers = ", ".join(request.approvers) or "(none configured)"
     size = len(request.proposed)
     fell_back = request.disposition == "fallback"
     what = "the gate's fallback batch" if fell_back else "the proposed batch"
-    approve = f"{what} runs: {size} candidates, {request.node_hours:.3g} node-hours"
-    if request.allow_override:
-        approve += " (a batch size runs only the first N; picked Candidates run only those #)"
-    deadline = request.deadline.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     silence = (
         "the deterministic fallback batch runs instead"
         if request.on_timeout == "fallback"
         else "the campaign stops (`approval_timeout`)"
     )
+    why = request.reason
+    if request.condition:
+        why += f" Condition: {request.condition}."
     proof = (
-        [
-            "",
-            "**This rule requires proof:** enter your current 6-digit one-time code in "
-            "*Code*; a wrong or reused code is refused and the request waits again.",
-        ]
+        ["**This rule requires proof:** your current 6-digit one-time code in *Code*.  "]
         if request.require_proof
         else []
     )
-    note = [f"**The rule's note:** {request.advice}  "] if request.advice else []
     return "\n".join(
         [
-            f"## Campaign `{request.campaign}`, round {request.round_index}: approve or reject",
-            "",
-            "| if you choose | what happens |",
-            "| --- | --- |",
-            f"| **approve** | {approve}; the campaign goes on |",
-            "| **reject** | the campaign stops (`approval_rejected`); nothing more runs |",
-            f"| no answer by {deadline} UTC | {silence} |",
+            f"**Approve** runs {what}: {size} candidates, {request.node_hours:.3g} node-hours. "
+            "**Reject** stops the campaign (`approval_rejected`). "
+            f"**No answer by {_when(request.deadline)}:** {silence}.  ",
+            f"**Why it asks** (rule `{request.rule}`): {why}  ",
             *proof,
             "",
-            f"**Rule:** `{request.rule}`  ",
-            f"**Why it asks:** {request.reason}  ",
-            *note,
-            f"**Allowed approvers:** {approvers} (give your name exactly as listed)  ",
-            f"**Budget:** {request.budget_remaining:.3g} node-hours left before this batch.",
-            "",
-            # Every row, however long: its # is what the form's Candidates picks from.
-            *_collapsed(
-                f"Proposed batch ({size} candidates; # is what Candidates picks)",
-                request.proposed,
-                limit=None,
-                origins=request.origins,
-            ),
-            *_collapsed(
-                "Deterministic fallback (for comparison; "
-                + (
-                    "it runs only if nobody answers in time)"
-                    if request.on_timeout == "fallback"
-                    else "it does not run, whatever you answer)"
-                ),
-                request.fallback,
-            ),
+            *_details(request),
         ]
     )
+
+
+def _details(request: ApprovalRequest) -> list[str]:
+    """Return the folded part of the description (the UI's sanitiser keeps <details>)."""
+    size = len(request.proposed)
+    fallback_cost = (
+        f"; the fallback batch {request.fallback_node_hours:.3g}"
+        if request.fallback_node_hours is not None
+        else ""
+    )
+    best = "none yet" if request.best_so_far is None else f"{request.best_so_far:.4g}"
+    fallback_note = (
+        "it runs only if nobody answers in time"
+        if request.on_timeout == "fallback"
+        else "it does not run, whatever you answer"
+    )
+    note = [f"**The rule's note:** {request.advice}  "] if request.advice else []
+    return [
+        "<details>",
+        "<summary>Details: rationale, predictions, best so far, costs, both batches</summary>",
+        "",
+        f"**Campaign** `{request.campaign}`, round {request.round_index}; "
+        f"**allowed approvers:** {', '.join(request.approvers) or '(none configured)'}.  ",
+        *note,
+        f"**Planner's rationale:** {_untrusted(request.rationale)}  ",
+        f"**Best result so far:** {best} (the lowest objective of any finished task).  ",
+        f"**Cost:** this batch {request.node_hours:.3g} node-hours{fallback_cost}; "
+        f"{request.budget_remaining:.3g} left in the budget before this batch.",
+        "",
+        f"Proposed batch ({size} candidates; *Candidates* picks rows by #):",
+        "",
+        _table(request.proposed, None, request.origins, request.predictions),
+        "",
+        f"Deterministic fallback ({fallback_note}):",
+        "",
+        _table(request.fallback),
+        "",
+        "</details>",
+    ]
 
 
 Verdict = Literal["approved", "rejected", "timeout", "not_allowed"]

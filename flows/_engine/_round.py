@@ -101,9 +101,8 @@ def decision_record(decision: Decision) -> dict[str, Any]:
 
 
 def _why(firing: Any) -> str:
-    """Return why a rule asked, in the rule's words (its advice is shown apart, once)."""
-    held = firing.detail or "its condition held"
-    return f"{firing.description} ({held})" if firing.description else held
+    """Return why a rule asked, in the rule's words (its condition and advice shown apart)."""
+    return str(firing.description or firing.detail or "its condition held")
 
 
 def _overrides(judgement: Judgement) -> dict[str, Any] | None:
@@ -155,6 +154,8 @@ class _Launch:
     disposition: str
     node_hours: float
     struck_by: str | None = None  # the approver who kept only part of the batch
+    rationale: str = ""  # the planner's, shown on an approval form
+    predictions: list[float | None] = field(default_factory=list)  # per candidate, verifier's
 
 
 @dataclass
@@ -445,7 +446,8 @@ class CampaignEngine:
     def _launch_of(self, outcome: Outcome[Proposal]) -> _Launch:
         candidates = [list(map(float, c)) for c in outcome.value.candidates]
         hours = len(candidates) * self.node_hours_per_simulation
-        return _Launch(candidates, outcome.disposition, hours)
+        rationale = getattr(outcome.value, "rationale", "") or ""
+        return _Launch(candidates, outcome.disposition, hours, rationale=str(rationale))
 
     def _oversee(
         self,
@@ -463,6 +465,10 @@ class CampaignEngine:
         ledger = oversee(self.policy, context, launch.candidates, predictions, fallback.candidates)
         self.store.record_candidate_fates(self.name, index, call_index, ledger.refused())
         launch.candidates = ledger.planned()
+        launch.predictions = [
+            predictions[i] if source == "proposal" else None
+            for source, i in ledger.planned_origins()
+        ]
         launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
         if not launch.candidates:
             raise PolicyDenied(
@@ -600,6 +606,7 @@ class CampaignEngine:
             call_index=call_index,
             rule=firing.rule if firing else "policy",
             reason=_why(firing) if firing else (decision.feedback or "policy asked"),
+            condition=firing.detail if firing and firing.description else "",
             advice=firing.advice if firing else "",
             approvers=approvers,
             proposed=launch.candidates,
@@ -612,6 +619,10 @@ class CampaignEngine:
             on_timeout=spec.approvals.on_timeout,
             allow_override=allow_override,
             origins=tuple(ledger.planned_origins()),
+            rationale=launch.rationale,
+            predictions=tuple(launch.predictions),
+            best_so_far=self.surrogate.best_value,
+            fallback_node_hours=len(fallback.candidates) * self.node_hours_per_simulation,
         )
         judgement = await self._await_answer(request, row, suspend)
         self.store.set_campaign_status(self.name, "running", round_index=index)

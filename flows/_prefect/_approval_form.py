@@ -1,47 +1,107 @@
 """The approval form: a Prefect ``RunInput`` the UI renders, bounded per request.
 
 The UI renders the form from the JSON schema the flow stores when it suspends,
-with the request's description as markdown above. Measured UI behaviour shapes
-the fields: a switch left untouched is *omitted* from the input, so the decision
-is an explicit, required choice (a select, no default), and the batch-size override is bounded per
-request so the server itself refuses an out-of-range value (the run then stays
-suspended).
+with the request's description as markdown above, and the server checks every
+answer against that same schema. Measured UI behaviour shapes the fields:
+
+- a switch left untouched is *omitted* from the input, so the decision is an
+  explicit, required choice (a select, no default);
+- a string ``enum`` renders as a select (a list of them as a multi-select with
+  chips), so the approver is picked among the allowed names and candidates are
+  picked by rows that show their coordinates and prediction, never typed;
+- ``X | None`` renders as type tabs ('Property is type "None"'), so optional
+  numbers are plain bounded integers that are simply not required;
+- properties are laid out by their ``position``: the fields a person must fill
+  come first, the optional ones after.
+
+The schema is stricter than the model the flow reads an answer with: the server
+refuses a name or a row the form does not offer, while the flow's model still
+reads any answer planted past the server (the input API) so ``judge`` refuses and
+records it rather than failing the run.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 from prefect.input import RunInput
-from pydantic import Field, create_model, field_validator
+from pydantic import ConfigDict, Field, create_model, field_validator
+
+from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
+
+
+def _shape_schema(schema: dict[str, Any], form: type[Approval]) -> None:
+    """Shape the stored schema for the UI and the server (see the module docstring)."""
+    properties: dict[str, Any] = schema.get("properties", {})
+    if not form._require_code:
+        # A plain rule asks for no code: no field, and the server refuses one.
+        properties.pop("code", None)
+        if "code" in schema.get("required", []):
+            schema["required"].remove("code")
+    if form._approvers:
+        # The runner's watchdog answers an expired request under its own name; it is
+        # the last choice, and judged a timeout only after the deadline.
+        properties["approver"]["enum"] = [*form._approvers, SYSTEM_TIMEOUT_APPROVER]
+        properties["approver"].pop("minLength", None)
+        properties["approver"].pop("maxLength", None)
+    size = properties.get("batch_size")
+    if size is not None and "anyOf" in size:
+        # A plain bounded integer, not required: no "int | None" type tabs.
+        number = next(branch for branch in size["anyOf"] if branch.get("type") == "integer")
+        properties["batch_size"] = {
+            **number,
+            "title": size.get("title", "Batch Size"),
+            "description": size.get("description", ""),
+        }
+    picked = properties.get("candidates")
+    if picked is not None and form._labels:
+        # One select of the rows (chips once picked); untouched, it is left out.
+        properties["candidates"] = {
+            "type": "array",
+            "title": "Candidates",
+            "description": picked.get("description", ""),
+            "items": {"type": "string", "enum": list(form._labels)},
+            "uniqueItems": True,
+            "maxItems": len(form._labels),
+        }
+    for position, name in enumerate(_ORDER):
+        if name in properties:
+            properties[name]["position"] = position
+
+
+# The fields a person must fill first (decision, name, code), then the optional ones.
+_ORDER = ("decision", "approver", "code", "candidates", "batch_size", "comment")
 
 
 class Approval(RunInput):
     """An approver's answer to a request."""
 
+    model_config = ConfigDict(json_schema_extra=_shape_schema)
+
+    # Per request (set by ``approval_form``): who may answer, the rows' labels, proof.
+    _approvers: ClassVar[tuple[str, ...]] = ()
+    _labels: ClassVar[tuple[str, ...]] = ()
+    _require_code: ClassVar[bool] = False
+
     # Required, with no default: the UI renders a select the approver must set (not
-    # an "(Optional)" field that approves by default); what each choice does is
-    # spelled out in the description above the form.
-    decision: Literal["approve", "reject"] = Field(
-        description="approve: run the batch; reject: stop the campaign."
-    )
-    approver: str = Field(
-        min_length=1, max_length=100, description="Your name, as listed among the approvers."
-    )
+    # an "(Optional)" field that approves by default); what each choice does is said
+    # once, in the description above the form.
+    decision: Literal["approve", "reject"]
+    approver: str = Field(min_length=1, max_length=100)
     comment: str = Field(default="", max_length=2000, description="Why (kept in the provenance).")
-    batch_size: int | None = Field(
-        default=None, ge=1, description="Optional: run only the first N candidates."
-    )
-    code: str = Field(
-        default="",
-        max_length=8,
-        description="Your one-time code (6 digits), when the rule requires proof.",
-    )
-    candidates: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None,
-        min_length=1,
-        description="Optional: run only these candidates, by their # in the Proposed batch table.",
-    )
+    batch_size: int | None = Field(default=None, ge=1)
+    code: str = Field(default="", max_length=8)
+    candidates: list[int] | None = None  # empty or None: the whole batch
+
+    @field_validator("candidates", mode="before")
+    @classmethod
+    def _rows(cls, value: Any) -> Any:
+        """Read a picked row's label back as its # (an index, as ``judge`` reads it)."""
+        if not isinstance(value, list) or not cls._labels:
+            return value
+        index = {label: i for i, label in enumerate(cls._labels)}
+        return [index.get(item, item) if isinstance(item, str) else item for item in value]
 
     @field_validator("candidates")
     @classmethod
@@ -52,25 +112,15 @@ class Approval(RunInput):
 
 
 def _candidates_field(size: int) -> tuple[Any, Any]:
-    """Return the subset field: a multi-select of the proposed batch's ``#`` numbers.
+    """Return the subset field as the flow reads it: distinct row numbers of the batch.
 
-    Measured in the UI: ``list[int] | None`` renders as "list | None" tabs showing
-    'Property is type "None"', then an "Add item" editor with free number boxes. An
-    array whose items are an ``enum`` renders as one select listing exactly the
-    numbers of the batch table, so an approver picks, not types; with a default of
-    ``[]`` (no null branch) there is no type picker. The server checks an answer
-    against this schema: an index outside the batch or a repeated one is refused and
-    the run stays suspended. Empty (untouched) runs the whole batch.
+    Bounded by the batch, so an index planted past the server is refused when the
+    flow reads the answer. What the UI offers and the server accepts (one label per
+    row) is set by ``_shape_schema``; labels read back as these numbers. Empty
+    (untouched) runs the whole batch.
     """
     if size < 1:
-        return (
-            list[int],
-            Field(
-                default=[],
-                max_length=0,
-                description="Overrides are switched off for this campaign; leave empty.",
-            ),
-        )
+        return (list[int], Field(default=[], max_length=0))
     numbers = Literal.__getitem__(tuple(range(size)))  # Literal[0, 1, ..., size - 1]
     return (
         list[numbers],  # type: ignore[valid-type]
@@ -79,24 +129,41 @@ def _candidates_field(size: int) -> tuple[Any, Any]:
             max_length=size,
             json_schema_extra={"uniqueItems": True},
             description=(
-                "Leave empty to run the whole batch. To run only some candidates, pick "
-                f"their # (0 to {size - 1}) in the Proposed batch table above; the others "
-                "are struck in your name."
+                f"Leave empty to run all {size}; pick rows to run only those "
+                "(the others are struck in your name)."
             ),
         ),
     )
 
 
 def approval_form(
-    *, batch_size: int, description: str, allow_override: bool, require_code: bool = False
+    *,
+    batch_size: int,
+    description: str,
+    allow_override: bool,
+    require_code: bool = False,
+    approvers: Sequence[str] = (),
+    labels: Sequence[str] = (),
 ) -> type[Approval]:
-    """Return the form for one request, its override bounded by the proposed batch.
+    """Return the form for one request, its overrides bounded by the proposed batch.
 
-    With ``require_code`` the one-time code is a required field of 6 digits, so the
-    server refuses an answer without one and the run stays suspended; whether the
-    code is right is the flow's judgement.
+    Args:
+        batch_size: How many rows the proposed batch has.
+        description: The request's markdown, shown above the fields.
+        allow_override: Whether approving may run only some rows.
+        require_code: Whether the rule requires proof: then the one-time code is a
+            required field of 6 digits (the server refuses an answer without one;
+            whether it is right is the flow's judgement). Otherwise there is no
+            code field at all.
+        approvers: The allowed names, offered as a select (free text when empty).
+        labels: One label per row (``candidate_labels``), offered as the rows to
+            pick; plain numbers ``0`` to ``batch_size - 1`` when empty.
     """
     fields: dict[str, Any] = {
+        "approver": (
+            str,
+            Field(min_length=1, max_length=100, description="Who answers (allowed for this rule)."),
+        ),
         "batch_size": (
             (
                 int | None,
@@ -104,31 +171,27 @@ def approval_form(
                     default=None,
                     ge=1,
                     le=max(batch_size, 1),
-                    description=f"Optional: run only the first N of the {batch_size} candidates.",
+                    description=f"Or run only rows #0 to #N-1 (N at most {batch_size}).",
                 ),
             )
             if allow_override
             # No number at all: the server refuses any, so an override the rule does not
             # allow is never "accepted" and then quietly ignored.
-            else (
-                None,
-                Field(
-                    default=None,
-                    description="Overrides are switched off for this campaign; leave empty.",
-                ),
-            )
-        )
+            else (None, Field(default=None, description="Overrides are off for this campaign."))
+        ),
+        "candidates": _candidates_field(batch_size if allow_override else 0),
     }
-    fields["candidates"] = _candidates_field(batch_size if allow_override else 0)
     if require_code:
         fields["code"] = (
             str,
             Field(
                 pattern=r"^\s*[0-9]{6}\s*$",
-                description="Your one-time code (6 digits) from your authenticator: "
-                "this rule requires proof of who you are.",
+                description="Your current 6-digit one-time code: this rule requires proof.",
             ),
         )
     form = create_model("Approval", __base__=Approval, **fields)
+    form._approvers = tuple(approvers)
+    form._labels = tuple(labels) if allow_override else ()
+    form._require_code = require_code
     form._description = description  # read by RunInput.save
     return form

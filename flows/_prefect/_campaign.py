@@ -20,7 +20,12 @@ from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
 from prefect.states import Cancelled, Completed, Failed
 
-from flows._engine._approval import ApprovalRequest, UnreadableAnswer, describe
+from flows._engine._approval import (
+    ApprovalRequest,
+    UnreadableAnswer,
+    candidate_labels,
+    describe,
+)
 from flows._engine._direct import code_version, open_store, run_campaign
 from flows._engine._inputs import open_campaign
 from flows._engine._registration import Registration, judge_run
@@ -74,6 +79,8 @@ async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval | Unr
         description=describe(request),
         allow_override=request.allow_override,
         require_code=request.require_proof,
+        approvers=request.approvers,
+        labels=candidate_labels(request),
     )
     try:
         # suspend_flow_run dispatches sync/async; awaited inside a coroutine it is async.

@@ -316,5 +316,42 @@ def approve(
     if code is not None:
         run_input["code"] = code
     if candidates is not None:
-        run_input["candidates"] = candidates
+        run_input["candidates"] = _rows_of(env, flow_run_id, candidates)
     resume(env, flow_run_id, run_input)
+
+
+def _rows_of(env: Mapping[str, str], flow_run_id: UUID, indices: list[int]) -> list[Any]:
+    """Return the form's Candidates choices for row numbers ``indices``.
+
+    The form offers each row as a label (its #, coordinates and prediction) and the
+    server accepts only those; the command line names rows by #, so each index is
+    taken to the label at that position of the stored form (plain numbers for a form
+    stored before labels existed).
+
+    Raises:
+        ResumeRefusedError: An index is not a row of the waiting batch.
+    """
+    deadline = time.monotonic() + _SCHEMA_WAIT_SECONDS
+    with api(env) as client:
+        while True:
+            key = f"suspended-{_read(client, flow_run_id).pause_key}-schema"
+            status, stored = client.call("GET", f"flow_runs/{flow_run_id}/input/{key}")
+            if status < 400 or time.monotonic() > deadline:
+                break
+            time.sleep(_SCHEMA_RETRY_SECONDS)
+    # The API answers with the stored value itself: the schema, as JSON.
+    schema = json.loads(stored) if isinstance(stored, str) else stored
+    if status >= 400 or not isinstance(schema, dict):
+        return list(indices)  # resume says why the run cannot take an answer
+    field = (schema.get("properties") or {}).get("candidates") or {}
+    labels = (field.get("items") or {}).get("enum")
+    if not isinstance(labels, list):
+        return list(indices)
+    outside = [i for i in indices if not 0 <= i < len(labels)]
+    if outside:
+        raise ResumeRefusedError(
+            f"refused the answer before sending it: candidates: {outside[0]} is not a row "
+            f"of the batch (#0 to #{len(labels) - 1})",
+            details={"field": "candidates", "flow_run_id": str(flow_run_id)},
+        )
+    return [labels[i] for i in indices]

@@ -115,15 +115,16 @@ def waiting(prefect_server: ServerHandle, tmp_path_factory: pytest.TempPathFacto
 
 
 class TestTheVerdict:
-    def test_an_approver_not_allowed_exits_6_and_the_run_waits_again(
+    def test_a_name_the_form_does_not_offer_is_refused_by_the_server_and_the_run_waits(
         self, waiting: Waiting, capsys: pytest.CaptureFixture[str]
     ) -> None:
+        """The form's approver is a choice of the allowed names: 'mallory' is no answer."""
         code = waiting.answer("--as", "mallory")
         err = capsys.readouterr().err
-        assert code == EXIT_ANSWER_REFUSED == 6
-        assert "refused: 'mallory' is not an allowed approver of rule review-round-2" in err
-        assert "(allowed: alice, bob)" in err
-        assert asyncio.run(waiting.state()) == ("PAUSED", "cli-verdict-r2-c1-n1")
+        assert code == 2
+        assert "refused the answer" in err
+        assert "'mallory' is not one of ['alice', 'bob'" in err
+        assert asyncio.run(waiting.state()) == ("PAUSED", "cli-verdict-r2-c1-n0")
 
     def test_an_allowed_approval_exits_0_and_says_what_runs(
         self, waiting: Waiting, capsys: pytest.CaptureFixture[str]
@@ -151,7 +152,7 @@ class TestTheVerdict:
         assert f"CLI: unattended approve {late.flow_run_id} --as NAME" in notice
         code = late.answer("--as", "alice")
         err = capsys.readouterr().err
-        assert code == 6
+        assert code == EXIT_ANSWER_REFUSED == 6
         assert "refused: the answer arrived after the deadline" in err
         assert "it stopped (blocked, approval_timeout)" in err
         assert asyncio.run(late.state())[0] == "FAILED"
