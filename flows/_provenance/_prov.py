@@ -106,6 +106,10 @@ class ProvWriter:
     def _flush(self) -> None:
         """Write the pending document's records and start afresh."""
         document, self.document, self.pending = self.document, None, 0
+        if self.run is not None:
+            # A prov Namespace caches every qualified name it made: a fresh one per
+            # chunk keeps memory flat (one kept for the whole export grew with it).
+            self.run = Namespace(self.run.prefix, self.run.uri)
         if document is None:
             return
         text = document.get_provn()
