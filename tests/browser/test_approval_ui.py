@@ -7,6 +7,7 @@ finds it: the flow-run page, the page's menu, Resume.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -122,10 +123,14 @@ async def open_resume_form(
         await page.screenshot(path=str(menu_shot))
     await resume.click()
     dialog = page.get_by_role("dialog")
-    await expect(dialog.get_by_text("Proposed batch (8 candidates;")).to_be_visible(
-        timeout=UI_TIMEOUT_MS
-    )
+    await expect(dialog.get_by_text("Why it asks")).to_be_visible(timeout=UI_TIMEOUT_MS)
     return dialog
+
+
+async def pick(dialog: Any, field: str, option: str) -> None:
+    """Choose ``option`` in the select labelled ``field`` (Decision, Approver)."""
+    await dialog.get_by_role("button", name=f"Select {field}").click()
+    await dialog.page.get_by_role("option", name=option, exact=True).click()
 
 
 async def fill_form(
@@ -138,28 +143,25 @@ async def fill_form(
     code: str | None = None,
     candidates: tuple[int, ...] = (),
 ) -> None:
-    """Fill in the form: the decision (it has no default), name, comment, code, subset."""
-    await dialog.get_by_role("button", name="Select Decision").click()
-    await dialog.page.get_by_role("option", name=decision, exact=True).click()
-    await dialog.get_by_label("Approver").fill(approver)
+    """Fill in the form: the decision (it has no default), name, code, subset, comment."""
+    await pick(dialog, "Decision", decision)
+    await pick(dialog, "Approver", approver)
     if code is not None:
         await dialog.get_by_label("Code", exact=True).fill(code)
-    await dialog.get_by_label("Comment (Optional)").fill(comment)
-    if batch_size is not None:
-        # ``int | None`` renders as two tabs; "None" is selected until the user picks "int".
-        await dialog.get_by_role("tab", name="int").click()
-        await dialog.get_by_role("tabpanel").locator("input").fill(str(batch_size))
     if candidates:
         await pick_candidates(dialog, candidates)
+    if batch_size is not None:
+        await dialog.get_by_label("Batch Size (Optional)").fill(str(batch_size))
+    await dialog.get_by_label("Comment (Optional)").fill(comment)
 
 
 async def pick_candidates(dialog: Any, indices: tuple[int, ...]) -> None:
-    """Pick ``indices`` in the Candidates select (one option per # of the batch table)."""
+    """Pick rows ``indices`` in the Candidates select (one option per row, ``#i: (...)``)."""
     from playwright.async_api import expect
 
     select = dialog.get_by_role("button", name="Select Candidates")
     for index in indices:
-        option = dialog.page.get_by_role("option", name=str(index), exact=True)
+        option = dialog.page.get_by_role("option", name=re.compile(rf"^#{index}: "))
         if not await option.is_visible():
             await select.click()
         await option.click()
@@ -203,10 +205,19 @@ class TestTheUIAsksForTheSecret:
         await expect(browser_page.get_by_text("Runs").first).to_be_visible(timeout=UI_TIMEOUT_MS)
 
 
+async def expect_fully_in_view(*targets: Any) -> None:
+    """Expect each target wholly inside the window as it is (nothing scrolled)."""
+    from playwright.async_api import expect
+
+    for target in targets:
+        await expect(target).to_be_in_viewport(ratio=1)
+
+
 class TestApproveInTheUI:
-    async def test_an_allowed_approver_resumes_the_run_to_completion(
+    async def test_the_fields_show_without_scrolling_and_the_approver_is_picked(
         self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
     ) -> None:
+        """At 1400x1000 the dialog opens on the fields; the approver is a choice of names."""
         from playwright.async_api import expect
 
         name = "ui-approve"
@@ -214,15 +225,33 @@ class TestApproveInTheUI:
         dialog = await open_resume_form(
             browser_page, prefect_api, run_id, menu_shot=screenshot_dir / "approval-menu.png"
         )
-        await expect(dialog.get_by_text("review-round-2").first).to_be_visible()
-        # What each answer does, said once; the tables folded; the decision not optional.
-        await expect(dialog.get_by_text("the campaign stops (approval_rejected)")).to_be_visible()
-        await expect(dialog.get_by_role("cell", name="0.6, 0.5", exact=True)).to_be_hidden()
+        decision = dialog.get_by_role("button", name="Select Decision")
+        approver = dialog.get_by_role("button", name="Select Approver")
+        resume = dialog.get_by_role("button", name="Resume", exact=True)
+        await expect_fully_in_view(decision, approver, resume)
+        # What each answer does, said once; why in words, the condition once; no code field.
+        await expect(dialog.get_by_text("Reject", exact=True)).to_have_count(1)
+        await expect(dialog.get_by_text("Why it asks")).to_be_visible()
+        await expect(dialog.get_by_text("round.index == 2", exact=True)).to_have_count(1)
+        await expect(dialog.get_by_text("Code", exact=True)).to_have_count(0)
         await expect(dialog.get_by_text("Decision (Optional)")).to_have_count(0)
-        await expect(dialog.get_by_text("Decision", exact=True)).to_be_visible()
         await browser_page.screenshot(path=str(screenshot_dir / "approval-request.png"))
+        # Folded below: the rationale, the predictions, the best so far and both costs.
+        details = dialog.get_by_text("Details: rationale, predictions")
+        await details.click()
+        for shown in ("Planner's rationale:", "Best result so far:", "Cost:"):
+            await expect(dialog.get_by_text(shown)).to_be_visible()
+        await expect(dialog.get_by_text("; the fallback batch 0.08")).to_be_visible()
+        await expect(dialog.get_by_role("columnheader", name="verifier predicts")).to_be_visible()
+        await browser_page.screenshot(path=str(screenshot_dir / "approval-details.png"))
+        await details.click()
 
+        await approver.click()
+        offered = await browser_page.get_by_role("option").all_inner_texts()
+        assert [text.strip() for text in offered] == ["alice", "bob", "unattended:deadline"]
+        await browser_page.keyboard.press("Escape")
         await fill_form(dialog, approver="alice", comment="exploit round looks sound")
+        await expect_fully_in_view(resume)
         await browser_page.screenshot(path=str(screenshot_dir / "approval-form.png"))
         answer = await submit_form(browser_page, dialog)
         assert answer["status"] == "ACCEPT"
@@ -236,36 +265,34 @@ class TestApproveInTheUI:
         assert approval.flow_run_id == str(run_id)
 
 
+# A row as the Candidates select offers it: its #, coordinates, the verifier's prediction.
+ROW = re.compile(r"^#(?P<index>\d+): \((?P<point>[^)]*)\), predicted (?P<predicted>\S+)$")
+
+
 class TestApproveASubsetInTheUI:
-    async def test_the_picked_candidates_run_and_the_others_are_struck_in_the_approver_s_name(
+    async def test_the_picked_rows_run_and_the_others_are_struck_in_the_approver_s_name(
         self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
     ) -> None:
+        """Rows show coordinates and prediction; the batch that runs is exactly the rows picked."""
         from playwright.async_api import expect
 
         name = "ui-subset"
         chosen = (5, 0, 2)  # picked out of order: the batch keeps its own order
         run_id, home, service = await suspended_campaign(tmp_path, name)
         dialog = await open_resume_form(browser_page, prefect_api, run_id)
-        # The select offers exactly the batch table's numbers, with no type picker.
-        await expect(dialog.get_by_text('Property is type "None"')).to_have_count(1)  # batch size
+        # One select of the batch's rows, each with its coordinates and prediction.
         await dialog.get_by_role("button", name="Select Candidates").click()
-        offered = await browser_page.get_by_role("option").all_inner_texts()
-        assert [text.strip() for text in offered] == [str(i) for i in range(8)]
-        await dialog.get_by_role("button", name="Select Candidates").click()
-        # What the approver sees at each # of the Proposed batch table.
-        await dialog.get_by_text("Proposed batch (8 candidates;").click()
-        shown = {}
-        for row in await dialog.locator("details").first.get_by_role("row").all():
-            cells = [c.strip() for c in await row.get_by_role("cell").all_inner_texts()]
-            if len(cells) == 2:
-                shown[int(cells[0])] = cells[1]
-        assert sorted(shown) == list(range(8))
+        offered = [t.strip() for t in await browser_page.get_by_role("option").all_inner_texts()]
+        rows = [ROW.match(text) for text in offered]
+        assert all(rows), offered
+        assert [int(row["index"]) for row in rows if row] == list(range(8))
+        shown = {int(row["index"]): row["point"] for row in rows if row}
+        await browser_page.keyboard.press("Escape")
+        await expect(dialog.get_by_text('Property is type "None"')).to_have_count(0)
 
         await fill_form(dialog, approver="alice", comment="only the safe ones", candidates=chosen)
-        # Scroll the form to its end so the picked numbers show under the select.
-        await dialog.get_by_text("Candidates (Optional)").hover()
-        await browser_page.mouse.wheel(0, 2000)
-        await expect(dialog.get_by_text("5", exact=True).last).to_be_in_viewport()
+        for index in chosen:  # the picked rows show as chips, above the footer
+            await expect(dialog.get_by_text(offered[index], exact=True)).to_be_in_viewport()
         await browser_page.screenshot(path=str(screenshot_dir / "approval-subset.png"))
         answer = await submit_form(browser_page, dialog)
         assert answer["status"] == "ACCEPT"
@@ -287,7 +314,7 @@ class TestApproveASubsetInTheUI:
         }
         struck = [c["reason"] for c in view["candidates"] if c["fate"] == "struck"]
         assert struck == ["struck by approver alice"] * 5
-        # The tasks that ran are the rows the approver picked in the table, in batch order.
+        # The tasks that ran are the rows the approver picked, in batch order.
         (batch,) = view["batches"]
         ran = [r["candidate"] for r in sorted(batch["results"], key=lambda r: r["index"])]
         assert [", ".join(f"{x:.4g}" for x in c) for c in ran] == [shown[i] for i in sorted(chosen)]
@@ -317,32 +344,6 @@ class TestRefusedInTheUI:
         assert approval.events == ()
 
 
-# The form's request is the resume API call; an approver not listed through that call
-# is in the default run (tests/reliability/service/test_approver_bypass.py::TestNotAllowed).
-@pytest.mark.long
-class TestNotAllowedInTheUI:
-    async def test_an_approver_not_listed_is_recorded_and_the_run_suspends_again(
-        self, prefect_api: ServerHandle, browser_page: Any, tmp_path: Path
-    ) -> None:
-        name = "ui-mallory"
-        run_id, home, service = await suspended_campaign(tmp_path, name)
-        dialog = await open_resume_form(browser_page, prefect_api, run_id)
-        await fill_form(dialog, approver="mallory", comment="ship it")
-        answer = await submit_form(browser_page, dialog)
-        assert answer["status"] == "ACCEPT"  # the server only checks the form; the flow judges
-
-        await service.run_once()
-        run = await read_run(run_id)
-        assert run.state is not None
-        assert run.state.type.value == "PAUSED"
-        assert run.state.state_details.pause_key == f"{name}-r2-c1-n1"
-        approval = approval_record(home, name)
-        assert approval.decision is None
-        assert [(e.decision, e.decided_by, e.allowed) for e in approval.events] == [
-            ("not_allowed", "mallory", False)
-        ]
-
-
 class TestACodeProtectedRule:
     @pytest.mark.timeout(480, func_only=True)  # two answers, two flow-run restarts
     async def test_a_wrong_code_is_refused_and_the_right_one_accepted(
@@ -356,6 +357,7 @@ class TestACodeProtectedRule:
         run_id, home, service = await suspended_campaign(tmp_path, name, require_proof=True)
         dialog = await open_resume_form(browser_page, prefect_api, run_id)
         await expect(dialog.get_by_text("This rule requires proof:")).to_be_visible()
+        await expect_fully_in_view(dialog.get_by_label("Code", exact=True))
         wrong = f"{(int(totp.now()) + 1) % 1_000_000:06d}"
         await fill_form(dialog, approver="alice", comment="wrong code", code=wrong)
         await browser_page.screenshot(path=str(screenshot_dir / "approval-code.png"))
