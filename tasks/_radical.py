@@ -170,16 +170,24 @@ def radical_home(site: SiteConfig, spec: RadicalPilotBackend, work_dir: str) -> 
 
 @contextmanager
 def home_for_children(root: Path) -> Iterator[None]:
-    """Set ``HOME`` to ``root`` while RADICAL-Pilot starts its component processes."""
-    saved = os.environ.get("HOME")
-    os.environ["HOME"] = str(root)
+    """Set ``HOME`` to ``root`` while RADICAL-Pilot starts its component processes.
+
+    They also get ``SBATCH_NO_REQUEUE=1``: PSI/J submits pilots without
+    ``--no-requeue``, and Slurm requeues a job whose node failed under the same id
+    (seen on 3 nodes: the NODE_FAIL pilot went back to PENDING), so the campaign
+    never saw it end. It relaunches the interrupted tasks in a new pilot instead.
+    """
+    changes = {"HOME": str(root), "SBATCH_NO_REQUEUE": "1"}
+    saved = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("HOME", None)
-        else:
-            os.environ["HOME"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _psij_work_directory(folder: Path) -> None:
