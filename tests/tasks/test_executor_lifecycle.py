@@ -221,6 +221,9 @@ SIGNAL_PROGRAM = textwrap.dedent(
 
     seen = []
     signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("term"))
+    # Python's own SIGINT handler, whatever this process inherited: a shell starts a
+    # background job with SIGINT ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     site = SiteConfig.model_validate({
         "name": "signals", "backend": {"kind": "local", "executor": "thread"},
         "cost": {"node_hours_per_simulation": 1.0},
