@@ -31,6 +31,11 @@ from pydantic import ConfigDict, Field, create_model, field_validator
 from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
 
 
+# A one-time code: six digits (the field), or none from the runner only (the schema).
+_CODE = r"^\s*[0-9]{6}\s*$"
+_CODE_OR_NONE = r"^(\s*[0-9]{6}\s*)?$"
+
+
 def _shape_schema(schema: dict[str, Any], form: type[Approval]) -> None:
     """Shape the stored schema for the UI and the server (see the module docstring)."""
     properties: dict[str, Any] = schema.get("properties", {})
@@ -39,6 +44,14 @@ def _shape_schema(schema: dict[str, Any], form: type[Approval]) -> None:
         properties.pop("code", None)
         if "code" in schema.get("required", []):
             schema["required"].remove("code")
+    if form._require_code:
+        # Required (the UI marks it so), six digits from everyone but the runner, whose
+        # answer to an expired request carries none: judged a timeout, code or not.
+        schema["if"] = {
+            "properties": {"approver": {"const": SYSTEM_TIMEOUT_APPROVER}},
+            "required": ["approver"],
+        }
+        schema["else"] = {"properties": {"code": {"pattern": _CODE}}}
     if form._approvers:
         # The runner's watchdog answers an expired request under its own name; it is
         # the last choice, and judged a timeout only after the deadline.
@@ -185,7 +198,7 @@ def approval_form(
         fields["code"] = (
             str,
             Field(
-                pattern=r"^\s*[0-9]{6}\s*$",
+                pattern=_CODE_OR_NONE,  # six digits unless the runner answers (see above)
                 description="Your current 6-digit one-time code: this rule requires proof.",
             ),
         )

@@ -412,14 +412,22 @@ async def expire_approvals(*, now: datetime | None = None) -> list[UUID]:
         except UnattendedError:
             continue  # a spec or site that no longer loads: leave the run for a human
         if pending.deadline is not None and moment >= pending.deadline:
-            await resume_with(
-                flow_run.id,
-                {
-                    "decision": "reject",
-                    "approver": SYSTEM_TIMEOUT_APPROVER,
-                    "comment": "the approval deadline passed",
-                },
-            )
+            answer = {
+                "decision": "reject",
+                "approver": SYSTEM_TIMEOUT_APPROVER,
+                "comment": "the approval deadline passed",
+            }
+            if pending.require_proof:
+                # The form requires the field; the runner has no code and needs none
+                # (the flow judges any answer after the deadline a timeout).
+                answer["code"] = ""
+            try:
+                await resume_with(flow_run.id, answer)
+            except UnattendedError as exc:
+                # One request the server will not end (answered meanwhile, say) must not
+                # keep the others, or the watchdog's sweep after them, from running.
+                _log.warning("approval of flow run %s not expired: %s", flow_run.id, exc)
+                continue
             expired.append(flow_run.id)
     return expired
 

@@ -137,7 +137,19 @@ class TestTheFields:
         req = request(require_proof=True)
         assert "code" in stored_schema(req)["required"]
         assert refused(ALICE, req)
+        assert refused(ALICE | {"code": ""}, req)
+        assert refused(ALICE | {"code": "12345"}, req)
         assert not refused(ALICE | {"code": "123456"}, req)
+
+    def test_the_runner_answers_an_expired_proof_request_without_a_code(self):
+        # expire_approvals sends no code (it has none): the server must take the answer,
+        # or a rule that requires proof would never time out.
+        req = request(require_proof=True)
+        raw = {"decision": "reject", "approver": SYSTEM_TIMEOUT_APPROVER, "code": ""}
+        assert not refused(raw, req)
+        answer = form_for(req).model_validate(raw)
+        assert judge(answer, req, now=DEADLINE).verdict == "timeout"
+        assert judge(answer, req, now=BEFORE).verdict == "not_allowed"
 
     def test_with_overrides_off_no_row_and_no_number_is_taken(self):
         req = request(allow_override=False)
