@@ -30,7 +30,6 @@ from pydantic import ConfigDict, Field, create_model, field_validator
 
 from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
 
-
 # A one-time code: six digits (the field), or none from the runner only (the schema).
 _CODE = r"^\s*[0-9]{6}\s*$"
 _CODE_OR_NONE = r"^(\s*[0-9]{6}\s*)?$"

@@ -33,10 +33,10 @@ class PendingApproval:
     deadline: datetime | None
     pause_key: str = ""  # the form being answered: an answer's event carries this key
     on_timeout: str = "stop"
-    # Whether the rule asks for a one-time code: the form then requires the field.
-    require_proof: bool = False
     # The run's parameters (spec, site, state directory): where its provenance is.
     parameters: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Whether the rule asks for a one-time code: the form then requires the field.
+    require_proof: bool = False
 
 
 def _find_approval(
@@ -87,7 +87,7 @@ def describe_pending(
         pause_key,
         loaded.spec.approvals.on_timeout,
         dict(parameters),
-        bool(row.require_proof) if row else False,
+        require_proof=bool(row.require_proof) if row else False,
     )
 
 
