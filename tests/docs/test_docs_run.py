@@ -25,8 +25,7 @@ for the blocks after it (a policy a replay uses, say).
 
 A block that cannot run here carries, on the last non-blank line before its fence,
 ``<!-- not-run: WHY -->`` (for instance ``<!-- not-run: needs a real Slurm login node
--->``). Keep them few and each reason true. Blocks in files other people own that fail
-today are in ``KNOWN_FAILING`` below, with why.
+-->``). Keep them few and each reason true.
 """
 
 from __future__ import annotations
@@ -43,42 +42,6 @@ from docs_shell import PROJECT, VENV_BIN, DocsShell
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600, func_only=False)]
 
 DOCS = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
-
-# Blocks in files other people own that fail today: (file, first line of the block
-# without its trailing comment) -> why. The lead empties this as the owners fix them;
-# a block listed here that passes fails the test.
-KNOWN_FAILING: dict[tuple[str, str], str] = {
-    ("docs/approvals.md", "$ unattended approvals"): "RUN is a placeholder and no run waits: "
-    "mark it not-run (tests/docs/conftest.py answers a request with these commands)",
-    ("docs/ro-crate.md", "import prov"): "reads demo-approval.prov.json, which no block "
-    "before it writes (an export block with --format prov would)",
-}
-
-# Blocks in files other people own that cannot run here and carry no marker yet:
-# (file, first line of the block without its trailing comment) -> why. The lead moves
-# each into its file as a not-run marker.
-UNMARKED: dict[tuple[str, str], str] = {
-    (
-        "docs/testing.md",
-        ".venv/bin/python -m pytest -q",
-    ): "runs the whole suite, which this test is part of",
-    (
-        "docs/approvals.md",
-        "$ SCREENSHOTS_DIR=docs/images pytest tests/browser",
-    ): "runs the browser tests, part of the suite",
-    (
-        "docs/benchmarks.md",
-        ".venv/bin/python benchmarks/latency.py [--reps N] [--before DIR]",
-    ): "benchmarks of minutes each",
-    (
-        "docs/ro-crate.md",
-        "pip install 'unattended[validate]'",
-    ): "installs into the venv the suite runs in",
-    (
-        "docs/benchmarks.md",
-        ".venv/bin/python benchmarks/surrogate.py",
-    ): "a benchmark of about 3 minutes",
-}
 
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not-run:\s*(?P<why>.+?)\s*-->\s*$")
@@ -101,11 +64,6 @@ class Block:
     @property
     def name(self) -> str:
         return f"{self.path.relative_to(PROJECT)}:{self.line}"
-
-    @property
-    def key(self) -> tuple[str, str]:
-        first = next((line.strip() for line in self.body if line.strip()), "")
-        return (str(self.path.relative_to(PROJECT)), first.split("  #")[0].rstrip())
 
 
 def _fences(lines: list[str]) -> list[tuple[int, int, str]]:
@@ -264,17 +222,7 @@ def run_block(block: Block, shell: DocsShell, tmp_path: Path) -> None:
 def test_block_runs_as_written(block: Block, docs_shell: DocsShell, tmp_path: Path) -> None:
     if block.not_run is not None:
         pytest.skip(f"not run: {block.not_run}")
-    if block.key in UNMARKED:
-        pytest.skip(f"not run (no marker in the file yet): {UNMARKED[block.key]}")
-    known = KNOWN_FAILING.get(block.key)
-    if known is None:
-        run_block(block, docs_shell, tmp_path)
-        return
-    try:
-        run_block(block, docs_shell, tmp_path)
-    except AssertionError:
-        pytest.xfail(known)
-    pytest.fail(f"{block.name} passes now: remove it from KNOWN_FAILING")
+    run_block(block, docs_shell, tmp_path)
 
 
 def test_a_console_block_has_a_command() -> None:
