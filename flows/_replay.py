@@ -191,7 +191,7 @@ def _candidates(call: Any, accepted: Mapping[int, Any]) -> list[list[float]] | N
         rows = value.get("candidates") if isinstance(value, dict) else None
     elif call.disposition == "fallback":
         rows = call.fallback_value
-    else:  # pending or not_accepted: the gate never produced a batch
+    else:  # pending, failed or not_accepted: the gate never produced a batch
         return None
     return None if rows is None else [[float(x) for x in row] for row in rows]
 

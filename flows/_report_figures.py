@@ -114,7 +114,7 @@ def best_figure(rounds: Sequence[dict[str, Any]]) -> Any:
     return fig
 
 
-_DISPOSITIONS = ("accepted", "fallback", "not_accepted", "pending")
+_DISPOSITIONS = ("accepted", "fallback", "not_accepted", "failed", "pending")
 
 
 def dispositions_figure(rounds: Sequence[dict[str, Any]]) -> Any:
