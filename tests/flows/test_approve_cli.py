@@ -185,19 +185,23 @@ class TestACodeProtectedRule:
         assert proofs == [("alice", "not_allowed", "totp failed"), ("alice", "approved", "totp ok")]
         assert wrong not in kept
 
-    def test_an_expired_request_is_ended_by_the_runner_though_it_has_no_code(
-        self, prefect_server: ServerHandle, tmp_path: Path
+
+class TestTheRunnerEndsAnExpiredRequest:
+    @pytest.mark.parametrize("require_proof", [False, True], ids=["plain", "proof"])
+    def test_blocked_approval_timeout_and_recorded_as_the_runner_s(
+        self, prefect_server: ServerHandle, tmp_path: Path, require_proof: bool
     ) -> None:
-        """The form requires a code; the runner's answer to an expired request has none."""
+        """The form of a proof rule requires a code; the runner's answer has none."""
         from flows._prefect._service import expire_approvals
 
-        late = _suspend(tmp_path, "cli-proof-late", "0.0001", require_proof=True)
+        name = f"cli-late-{'proof' if require_proof else 'plain'}"
+        late = _suspend(tmp_path, name, "0.0001", require_proof=require_proof)
         os.environ["UNATTENDED_HOME"] = str(tmp_path / "home")
         assert asyncio.run(expire_approvals()) == [late.flow_run_id]
         asyncio.run(late.drive())
 
         assert asyncio.run(late.state())[0] == "FAILED"
-        database = next((tmp_path / "home" / "campaigns" / "cli-proof-late").glob("*.db"))
+        database = next((tmp_path / "home" / "campaigns" / name).glob("*.db"))
         with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
             events = connection.execute(
                 "SELECT decided_by, decision, proof FROM approval_event"
