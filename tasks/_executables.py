@@ -20,6 +20,7 @@ import resource
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -201,6 +202,22 @@ async def run_executable(
     )
 
 
+# A Dask worker being retired (its job ended while the node lives on) must start no
+# executable after its running ones are killed: ``refuse_new_executables`` (called
+# there by ``tasks._jobqueue.kill_task_groups``) sets this under the spawn lock, so an
+# executable is either started before it (a session leader by then: the kill finds it)
+# or never.
+_SPAWN_LOCK = threading.Lock()
+_refusing = False
+
+
+def refuse_new_executables() -> None:
+    """From now on this process starts no executable (a retiring Dask worker)."""
+    global _refusing
+    with _SPAWN_LOCK:
+        _refusing = True
+
+
 def run_executable_blocking(
     argv: list[str],
     stdin: bytes | None,
@@ -211,15 +228,27 @@ def run_executable_blocking(
 ) -> ExecOutcome:
     """Run an executable from a worker thread or a Dask worker, same contract as above."""
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    with _SPAWN_LOCK:
+        if _refusing:
+            # As if started and killed at once, like the executables running here.
+            return ExecOutcome(
+                exit_code=-signal.SIGKILL,
+                stdout="",
+                stderr_tail="not started: this worker is being retired",
+                timed_out=False,
+                runtime=0.0,
+                host=node_name(),
+            )
+        # Popen returns once the child has exec'd, so after its setsid: a group leader.
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     timed_out = False
     try:
         out, err = proc.communicate(stdin, timeout=time_limit)

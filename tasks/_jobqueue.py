@@ -149,12 +149,17 @@ def kill_task_groups(dask_worker: Any = None) -> int:
     (``dask_worker``, passed by Dask's ``run``) is paused first: otherwise the
     thread freed by a killed executable starts the next task the worker holds,
     whose executable would outlive the worker's removal (seen on 3 nodes: a task
-    completed there and again where Dask rescheduled it).
+    completed there and again where Dask rescheduled it). A task already taken may
+    still be spawning its executable, after the scan below: no executable starts here
+    any more (``refuse_new_executables``; a full suite run saw it once with the pause alone).
     """
+    from tasks._executables import refuse_new_executables
+
     if dask_worker is not None:
         from distributed.core import Status
 
         dask_worker.status = Status.paused  # starts no further task
+        refuse_new_executables()
     me = os.getpid()
     killed = 0
     for entry in os.listdir("/proc"):
