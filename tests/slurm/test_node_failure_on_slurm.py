@@ -143,6 +143,7 @@ def gated_simulations(log: Path, gate: Path, count: int) -> list[ExecutableTask]
 
 @pytest.mark.asyncio
 class TestNodeFailure:
+    @pytest.mark.long  # ~35 s; test_several_nodes.py kills one node's slurmd of three by default
     @pytest.mark.timeout(180)
     async def test_slurmd_killed_mid_batch_each_task_done_exactly_once(
         self, fragile_slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
