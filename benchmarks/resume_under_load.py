@@ -4,7 +4,10 @@ Measured side by side, one fresh embedded server (SQLite, ``start_server``) per 
 and repetition, the sides alternating:
 
 * ``all``: every Prefect server service on (Prefect's defaults);
-* ``ours``: what ``unattended server start`` runs (``UNUSED_SERVICES`` off).
+* ``ours``: what ``unattended server start`` runs (``UNUSED_SERVICES`` off);
+* ``postgres`` (with ``--postgres URL``): ``ours`` on PostgreSQL, a fresh database
+  per repetition on the server at ``URL`` (created and dropped here), as
+  ``unattended server start --database-url`` runs it.
 
 On each, one ``unattended serve`` runner with default settings runs 4 demo
 campaigns (surrogate planner, R rounds x 8 candidates, each simulation sleeping
@@ -16,6 +19,7 @@ them: only the resume is measured). Counted: answers that are not ``ACCEPT``
 (HTTP 503 "database is locked", or a refusal), and the resume's latency.
 
     python benchmarks/resume_under_load.py [--resumes N] [--reps R] [--rounds R]
+        [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
 
 Printed: per side, refused / tried, latency median and max, campaigns completed,
 and the load average at the start and the end. The runners are stopped (by PID)
@@ -128,7 +132,37 @@ def paused_runs(client: httpx.Client, count: int) -> list[str]:
     return ids
 
 
+def fresh_database(admin_url: str) -> tuple[str, str]:
+    """Create an empty database on ``admin_url``'s server; return its name and asyncpg URL."""
+    import psycopg
+
+    name = f"bench_resume_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://", 1)
+    return name, f"{base}/{name}"
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def one_side(folder: Path, side: str, args: argparse.Namespace) -> dict[str, Any]:
+    if side != "postgres":
+        return measure_side(folder, side, args, None)
+    name, url = fresh_database(args.postgres)
+    try:
+        return measure_side(folder, side, args, url)
+    finally:
+        drop_database(args.postgres, name)
+
+
+def measure_side(
+    folder: Path, side: str, args: argparse.Namespace, database_url: str | None
+) -> dict[str, Any]:
     from flows._prefect._server import (
         UNUSED_SERVICES,
         ServerConfig,
@@ -140,7 +174,7 @@ def one_side(folder: Path, side: str, args: argparse.Namespace) -> dict[str, Any
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     if side == "all":
         base |= dict.fromkeys(UNUSED_SERVICES, "true")
-    config = ServerConfig(port=free_port(), state_dir=folder / "server")
+    config = ServerConfig(port=free_port(), state_dir=folder / "server", database_url=database_url)
     handle = start_server(config, timeout=180, base_env=base)
     env = base | client_env(handle) | {"UNATTENDED_HOME": str(folder / "home")}
     runner = None
@@ -229,19 +263,25 @@ def main() -> int:
     parser.add_argument("--sim-seconds", type=float, default=0.2, help="each simulation sleeps")
     parser.add_argument("--gap", type=float, default=0.3, help="seconds between resumes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="also a side on PostgreSQL: a database on this server is created per repetition",
+    )
     args = parser.parse_args()
+    sides = (*SIDES, "postgres") if args.postgres else SIDES
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
     root = Path(tempfile.mkdtemp(prefix="unattended-bench-resume-"))
     print(f"load average (1, 5, 15 min) at the start: {load()} on {os.cpu_count()} CPUs")
-    found: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    found: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     try:
         for rep in range(args.reps):
-            for side in SIDES if rep % 2 == 0 else SIDES[::-1]:
+            for side in sides if rep % 2 == 0 else sides[::-1]:
                 result = one_side(root / f"{side}-{rep}", side, args)
                 found[side].append(result)
                 print(
-                    f"rep {rep} {side:>4}: refused {len(result['refused'])}/{result['tried']}, "
+                    f"rep {rep} {side:>8}: refused {len(result['refused'])}/{result['tried']}, "
                     f"resume median {result['median'] * 1e3:.0f} ms, max "
                     f"{result['max'] * 1e3:.0f} ms, campaigns running at start/end "
                     f"{result['running_at_start']}/{result['running_at_end']}  (load {load()})",
@@ -255,11 +295,18 @@ def main() -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     print(f"\n{CAMPAIGNS} campaigns x {args.rounds} rounds running; resumes through the UI's call")
-    for side in SIDES:
-        refused = sum(len(r["refused"]) for r in found[side])
-        tried = sum(r["tried"] for r in found[side])
-        median = statistics.median(r["median"] for r in found[side]) * 1e3
-        print(f"   {side:>4} services: refused {refused}/{tried}; median resume {median:.0f} ms")
+    for side in sides:
+        # A repetition whose campaigns were not running yet measured an idle server.
+        loaded = [r for r in found[side] if r["running_at_start"] >= 2]
+        if not loaded:
+            print(f"   {side:>8}: no repetition ran under load (campaigns not running)")
+            continue
+        refused = sum(len(r["refused"]) for r in loaded)
+        tried = sum(r["tried"] for r in loaded)
+        median = statistics.median(r["median"] for r in loaded) * 1e3
+        idle = len(found[side]) - len(loaded)
+        note = f" ({idle} repetition(s) left out: campaigns not running)" if idle else ""
+        print(f"   {side:>8}: refused {refused}/{tried}; median resume {median:.0f} ms{note}")
     print(f"load average at the end: {load()}")
     return 0
 
