@@ -44,6 +44,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from tasks._executables import refuse_new_executables
 from tasks._site import SiteConfig
 from tasks._site_backends import DaskBackend
 
@@ -153,8 +154,6 @@ def kill_task_groups(dask_worker: Any = None) -> int:
     still be spawning its executable, after the scan below: no executable starts here
     any more (``refuse_new_executables``; a full suite run saw it once with the pause alone).
     """
-    from tasks._executables import refuse_new_executables
-
     if dask_worker is not None:
         from distributed.core import Status
 

@@ -16,7 +16,7 @@ import textwrap
 
 PROGRAM = textwrap.dedent(
     """
-    import json, sys, threading
+    import json, sys
     from tasks._executables import refuse_new_executables, run_executable_blocking
 
     before = run_executable_blocking([sys.executable, "-c", "print(7)"], None, None, None, 30, 1)
