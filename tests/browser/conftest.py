@@ -10,8 +10,7 @@ if that fails. ``browser_page`` opens a fresh profile per test and closes it.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,10 @@ import pytest
 import pytest_asyncio
 
 from flows._prefect._server import ServerHandle
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: apt_get
+
+from apt_get import apt_install  # type: ignore[import-not-found]  # after the path
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (
@@ -36,32 +39,11 @@ _APT_TIMEOUT = 240.0
 _VIEWPORT = {"width": 1400, "height": 1000}  # what the docs and issue 24 measure
 
 
-def _apt_install_chromium() -> str | None:
-    """Try to install Debian's chromium; return why it failed, or None."""
-    prefix: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            return "not root and no sudo"
-        prefix = ["sudo", "-n"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-        try:
-            done = subprocess.run(
-                prefix + argv, env=env, capture_output=True, timeout=_APT_TIMEOUT, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{' '.join(argv)}: {type(exc).__name__}"
-        if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
-            return f"{' '.join(argv)} exited {done.returncode}: {' '.join(tail)}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def chromium() -> Path:
     """Return Debian's chromium, installing it with apt-get if it is missing."""
     if not CHROMIUM.exists():
-        failure = _apt_install_chromium()
+        failure = apt_install(["chromium"], _APT_TIMEOUT)
         if failure is not None or not CHROMIUM.exists():
             pytest.skip(
                 f"BROWSER TESTS SKIPPED: {CHROMIUM} is missing and installing it failed "

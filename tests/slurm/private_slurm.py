@@ -32,11 +32,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: apt_get
+
+from apt_get import apt_install  # type: ignore[import-not-found]  # after the path
 
 #: The Debian packages, and the programs the cluster needs from them.
 PACKAGES = ("slurm-wlm", "munge")
@@ -56,27 +61,6 @@ def missing_programs() -> list[str]:
     return [name for name in DAEMONS + CLIENTS if shutil.which(name, path=path) is None]
 
 
-def _apt_install() -> str | None:
-    """Install slurm-wlm and munge with apt-get; return why it failed, or None."""
-    prefix: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            return "not root and no sudo"
-        prefix = ["sudo", "-n"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *PACKAGES]):
-        try:
-            done = subprocess.run(
-                prefix + argv, env=env, capture_output=True, timeout=_APT_TIMEOUT, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{' '.join(argv)}: {type(exc).__name__}"
-        if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
-            return f"{' '.join(argv)} exited {done.returncode}: {' '.join(tail)}"
-    return None
-
-
 def ensure_slurm_installed() -> str | None:
     """Return None when Slurm and munge can run here, else the reason they cannot.
 
@@ -86,7 +70,7 @@ def ensure_slurm_installed() -> str | None:
     if os.geteuid() != 0:
         return "a private slurmd must run as root (it starts jobs as their user)"
     if missing_programs():
-        failure = _apt_install()
+        failure = apt_install(PACKAGES, _APT_TIMEOUT)
         if failure is not None:
             return failure
         still = missing_programs()
