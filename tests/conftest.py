@@ -7,6 +7,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,15 +36,56 @@ _PER_TEST_PREFIXES = ("UNATTENDED_", "SLURM_")
 _FIXTURE_ENV: set[str] = set()
 
 
+# A terminal's geometry is the developer's too: the CLI prints 200 columns when piped
+# unless COLUMNS says otherwise, and an xdist worker's environment has COLUMNS=80.
+_TERMINAL = ("COLUMNS", "LINES")
+
+
 @pytest.fixture(autouse=True)
 def _no_allocation_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remove ``UNATTENDED_*`` and ``SLURM_*`` from this test's environment."""
+    """Remove ``UNATTENDED_*``, ``SLURM_*`` and the terminal size from this test's environment."""
     for key in list(os.environ):
-        if key.startswith(_PER_TEST_PREFIXES) and key not in _FIXTURE_ENV:
+        if (key.startswith(_PER_TEST_PREFIXES) and key not in _FIXTURE_ENV) or key in _TERMINAL:
             monkeypatch.delenv(key)
 
 
+# The suite runs on pytest-xdist workers (``-n auto``, pyproject.toml); each worker is its
+# own session. A test file runs whole on one worker (its module fixtures are built once),
+# and so does every file under a folder whose tests share a costly session fixture: one
+# private Slurm (and RADICAL-Pilot's venv), one Chromium. Those folders are collected
+# first, so the longest unit starts first instead of ending the run alone.
+# (xdist's own ``--dist loadgroup`` reads marks through ``item._nodeid``, which pytest 9
+# no longer has, so the grouping is this scheduler's.)
+_SHARED_SESSION_FOLDERS = ("tests/slurm/", "tests/browser/")
+
+
+def _work_unit(nodeid: str) -> str:
+    """Return the unit of work a test belongs to: its shared folder, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return next((f for f in _SHARED_SESSION_FOLDERS if path.startswith(f)), path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Schedule whole work units (``_work_unit``) in collection order (``--dist loadfile``)."""
+    if config.getvalue("dist") != "loadfile":
+        return None  # another mode asked for on the command line is xdist's
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the shared folders are collected first
+    return WorkUnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _work_unit(item.nodeid) not in _SHARED_SESSION_FOLDERS)
+    _skip_long(config, items)
+
+
+def _skip_long(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="large version; run with --long")
