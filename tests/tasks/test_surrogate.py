@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from typing import Any
@@ -35,6 +36,23 @@ def _campaign(seed: int, rounds: int = 5, batch: int = 4) -> float:
     state = model.to_state()
     best = state["points"][int(np.argmin(state["values"]))]
     return float(np.linalg.norm(np.array(best) - np.array(minimiser(2))))
+
+
+def _rosenbrock(x: list[float]) -> float:
+    """Rosenbrock's valley; minimum 0 at (1, ..., 1)."""
+    return sum(100 * (b - a * a) ** 2 + (1 - a) ** 2 for a, b in itertools.pairwise(x))
+
+
+def _best_of_campaign(function: Any, bounds: Bounds, seed: int, rounds: int) -> float:
+    """Run ``rounds`` rounds of four on ``function``; return the lowest value found."""
+    model = GaussianProcess()
+    best = math.inf
+    for index in range(rounds):
+        candidates = model.propose(4, bounds, [seed, index])
+        values = [function(p) for p in candidates]
+        model.assimilate(candidates, values)
+        best = min(best, *values)
+    return best
 
 
 def _random_search(seed: int, count: int) -> float:
@@ -320,6 +338,26 @@ class TestQuality:
         random = float(np.median([_random_search(seed, 20) for seed in range(10)]))
         assert surrogate <= 0.02
         assert surrogate < random / 5
+
+    def test_a_held_out_function_keeps_its_worst_seed_better_than_random_search(self) -> None:
+        """Rosenbrock in 3-D on [-2, 2]^3, ten rounds of four, seeds 0-9.
+
+        Held out: nothing in the planner was tuned on it (the prior on the demo
+        objective, the peers benchmark on Branin and Hartmann). Measured: simple
+        regret median 1.57, worst seed 2.83; random search with the same budget
+        20.3 and 66; scikit-optimize's GP 1.56 and 3.5, Optuna's TPE 6.9 and 15.7
+        (benchmarks/planner_peers.py's methods). The worst seed is what a campaign
+        owner lives with, so it is held as well as the median.
+        """
+        bounds = Bounds(lower=(-2.0,) * 3, upper=(2.0,) * 3)
+        ours = [_best_of_campaign(_rosenbrock, bounds, seed, rounds=10) for seed in range(10)]
+        rng = np.random.default_rng(0)
+        uniform = [
+            min(_rosenbrock(p) for p in rng.uniform(-2.0, 2.0, size=(40, 3)).tolist())
+            for _ in range(10)
+        ]
+        assert float(np.median(ours)) < float(np.median(uniform)) / 5
+        assert max(ours) < float(np.median(uniform)) / 2
 
 
 class TestState:
