@@ -430,16 +430,23 @@ def show_runs(*, as_json: bool = False) -> int:
     connect(start=False)
     from flows._prefect import _rest as rest
 
-    # Only this state directory's campaigns: another user's runs (one server, the same
-    # campaign names, perhaps) are theirs to see.
-    found = [run for run in rest.filter_runs(os.environ) if _registered(run) is not None]
+    # Only this state directory's campaigns, asked of the server by their deployments:
+    # another user's runs (one server, the same campaign names, perhaps) are theirs to
+    # see, and never use up the limit. The newest runs, then every older one still active.
+    mine = _my_deployments()
+    found = rest.filter_runs(os.environ, deployment_ids=mine, limit=_RECENT_RUNS)
+    shown = {run.id for run in found}
+    older = rest.filter_runs(
+        os.environ, deployment_ids=mine, state_types=_ACTIVE_STATES, limit=None
+    )
+    found += [run for run in older if run.id not in shown]
     seen: set[str] = set()
     listed: list[tuple[RunView, str | None]] = []
     for run in found:
         newest = run.campaign not in seen
         seen.add(run.campaign)
-        note = _recovery(run) if newest or run.state_type in {"RUNNING", "PENDING"} else None
-        listed.append((run, note))
+        asked = newest or run.state_type in {"RUNNING", "PENDING"}
+        listed.append((run, _recovery(run, ours=True) if asked else None))
     if as_json:
         print_json({"runs": [_run_json(run, note) for run, note in listed]})
         return 0
@@ -460,13 +467,16 @@ _RECOVERABLE_STATES = frozenset(
 )
 
 
-def _recovery(run: RunView) -> str | None:
-    """Say when and why the watchdog is about to recover this run's campaign, if it is."""
+def _recovery(run: RunView, *, ours: bool = False) -> str | None:
+    """Say when and why the watchdog is about to recover this run's campaign, if it is.
+
+    ``ours``: the caller already knows the run is a campaign of this state directory.
+    """
     if run.state_type not in _RECOVERABLE_STATES:
         return None
     # The watchdog recovers the campaigns registered in its own state directory only, so
     # a run of another state directory (another user's, say) gets no note here either.
-    if _registered(run) is None:
+    if not ours and _registered(run) is None:
         return None
     from flows._prefect._recovery import recovery_note_of
 
@@ -557,6 +567,20 @@ def show_run(run: str, *, as_json: bool = False) -> int:
     return 0
 
 
+# ``status`` lists this many of the newest runs, and every older run in these states.
+_RECENT_RUNS = 50
+_ACTIVE_STATES = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
+
+
+def _my_deployments() -> dict[str, Mapping[str, Any]]:
+    """Return the registered parameters of this state directory's campaigns, by deployment."""
+    from flows._engine._registration import registrations
+    from flows._paths import state_dir_from
+
+    found = registrations(state_dir_from(None, os.environ))
+    return {registration.deployment_id: registration.parameters for registration in found}
+
+
 def _registered(run: Any) -> Mapping[str, Any] | None:
     """Return the registered parameters of a run of this state directory, None if not ours."""
     from flows._engine._registration import registered_parameters
@@ -583,9 +607,9 @@ def show_approvals(*, as_json: bool = False) -> int:
     connect(start=False)
     from flows._prefect import _rest as rest
 
-    runs = rest.filter_runs(os.environ, state_types=["PAUSED"], limit=200)
-    owned = [(found, _registered(found)) for found in runs]
-    waiting = [(found, params) for found, params in owned if params is not None]
+    mine = _my_deployments()
+    runs = rest.filter_runs(os.environ, state_types=["PAUSED"], deployment_ids=mine, limit=None)
+    waiting = [(found, mine[found.deployment_id]) for found in runs if found.deployment_id in mine]
     if as_json:
         print_json({"approvals": [_approval_json(found, params) for found, params in waiting]})
         return 0

@@ -22,7 +22,7 @@ import json
 import random
 import ssl
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -236,15 +236,45 @@ def request(env: Mapping[str, str], method: str, path: str, body: Any = None) ->
         return client.checked(method, path, body)
 
 
+# The most flow runs Prefect's API returns for one request (its PREFECT_API_DEFAULT_LIMIT):
+# a larger limit is cut to it without a word, so longer lists are read page by page.
+PAGE = 200
+
+
 def filter_runs(
-    env: Mapping[str, str], *, state_types: list[str] | None = None, limit: int = 50
+    env: Mapping[str, str],
+    *,
+    state_types: list[str] | None = None,
+    deployment_ids: Collection[str] | None = None,
+    limit: int | None = 50,
 ) -> list[RunView]:
-    """Return campaign runs (optionally only those in ``state_types``), newest first."""
+    """Return campaign runs, newest first: at most ``limit`` (None: every one, page by page).
+
+    ``state_types`` keeps runs in those states; ``deployment_ids`` keeps the runs of
+    those deployments (a state directory's own campaigns), so other users' runs on a
+    shared server neither show nor use up the limit.
+    """
     flow_runs: dict[str, Any] = {"tags": {"all_": [CAMPAIGN_TAG]}}
     if state_types:
         flow_runs["state"] = {"type": {"any_": state_types}}
-    body = {"flow_runs": flow_runs, "sort": "START_TIME_DESC", "limit": limit, "offset": 0}
-    return [RunView.from_json(item) for item in request(env, "POST", "flow_runs/filter", body)]
+    if deployment_ids is not None:
+        if not deployment_ids:
+            return []
+        flow_runs["deployment_id"] = {"any_": sorted(deployment_ids)}
+    found: dict[UUID, RunView] = {}
+    offset = 0
+    with api(env) as client:
+        while limit is None or len(found) < limit:
+            size = PAGE if limit is None else min(PAGE, limit - len(found))
+            body = {"flow_runs": flow_runs, "sort": "START_TIME_DESC", "limit": size}
+            page = client.checked("POST", "flow_runs/filter", {**body, "offset": offset})
+            for item in page:
+                view = RunView.from_json(item)
+                found.setdefault(view.id, view)  # a run that moved between pages: once
+            offset += len(page)
+            if len(page) < size:
+                break
+    return list(found.values())
 
 
 def _read(client: Api, flow_run_id: UUID) -> RunView:

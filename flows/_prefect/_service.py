@@ -375,14 +375,37 @@ async def campaign_runs(limit: int = 50) -> list[FlowRun]:
 
 
 async def suspended_runs() -> list[FlowRun]:
-    """Return every campaign run waiting for an approval."""
+    """Return every run of this state directory's campaigns that waits for an approval.
+
+    Asked of the server by the campaigns' deployments, page by page: other users' waiting
+    runs on a shared server are not read, and a 201st waiting run is not left out
+    (Prefect's API returns at most ``rest.PAGE`` runs a request).
+    """
+    mine = [r.deployment_id for r in registrations(state_dir_from(None, os.environ))]
+    if not mine:
+        return []
+    flow_run_filter = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
+        tags={"all_": [TAG]},  # type: ignore[arg-type]
+        deployment_id=FlowRunFilterDeploymentId(any_=[UUID(d) for d in mine]),
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    found: dict[UUID, FlowRun] = {}
+    offset = 0
     async with get_client() as client:
-        return await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
-                tags={"all_": [TAG]},  # type: ignore[arg-type]
+        while True:
+            page = await client.read_flow_runs(
+                flow_run_filter=flow_run_filter,
+                sort=FlowRunSort.ID_DESC,  # a stable order for the pages
+                limit=rest.PAGE,
+                offset=offset,
             )
-        )
+            for flow_run in page:
+                found.setdefault(flow_run.id, flow_run)
+            offset += len(page)
+            if len(page) < rest.PAGE:
+                return list(found.values())
 
 
 def pending_approval(flow_run: FlowRun) -> PendingApproval:

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,59 @@ def suspended(prefect_server, tmp_path_factory: pytest.TempPathFactory) -> Campa
         return str(submitted.flow_run_id)
 
     return Campaign(home, "fast-commands", asyncio.run(until_suspended()))
+
+
+@pytest.fixture
+def theirs(suspended) -> Iterator[list[str]]:
+    """Another user's 201 waiting campaign runs, newer than ours, on the same server.
+
+    Tagged as campaigns, of no deployment this state directory registered; Prefect's API
+    returns at most 200 runs a request, so one page alone can never hold ours too.
+    """
+    from flows._prefect import _rest as rest
+
+    env = os.environ
+    flow = rest.request(env, "POST", "flows/", {"name": "someone-elses-campaign"})
+    made: list[str] = []
+    try:
+        with rest.api(env) as client:
+            for index in range(rest.PAGE + 1):
+                body = {
+                    "flow_id": flow["id"],
+                    "name": f"theirs-{index}",
+                    "tags": [rest.CAMPAIGN_TAG, "campaign:theirs"],
+                    "state": {"type": "PAUSED", "name": "Suspended"},
+                }
+                made.append(str(client.checked("POST", "flow_runs/", body)["id"]))
+        yield made
+    finally:
+        with rest.api(env) as client:
+            for flow_run_id in made:
+                client.call("DELETE", f"flow_runs/{flow_run_id}")
+
+
+class TestManyRunsOnOneServer:
+    """A shared server with more runs than one page of Prefect's API (issue 26)."""
+
+    def test_status_and_approvals_still_list_ours(self, suspended, theirs):
+        import json
+
+        for command, key in (("status", "runs"), ("approvals", "approvals")):
+            done, _ = run_command([command, "--json"], suspended.home)
+            assert done.returncode == 0, done.stderr[-2000:]
+            listed = [
+                row.get("flow_run_id") or row.get("id") for row in json.loads(done.stdout)[key]
+            ]
+            assert listed == [suspended.flow_run_id], command
+
+    def test_every_page_is_read_once(self, suspended, theirs, monkeypatch):
+        from flows._prefect import _rest as rest
+
+        monkeypatch.setattr(rest, "PAGE", 7)
+        waiting = rest.filter_runs(os.environ, state_types=["PAUSED"], limit=None)
+        ids = [str(run.id) for run in waiting]
+        assert len(ids) == len(set(ids))
+        assert set(theirs) | {suspended.flow_run_id} <= set(ids)
 
 
 class TestPrefectCommands:
