@@ -236,8 +236,9 @@ def request(env: Mapping[str, str], method: str, path: str, body: Any = None) ->
         return client.checked(method, path, body)
 
 
-# The most flow runs Prefect's API returns for one request (its PREFECT_API_DEFAULT_LIMIT):
-# a larger limit is cut to it without a word, so longer lists are read page by page.
+# The most flow runs Prefect's API returns for one request (PREFECT_SERVER_API_DEFAULT_LIMIT:
+# what it answers when no limit is asked; a larger one is refused), so longer lists are
+# read page by page.
 PAGE = 200
 
 
