@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from acceptance import Attempt, Verdict
 from flows._provenance import ApprovalRow, Checkpoint, TaskResultRecord
-from flows._provenance._schema import AttemptRow, PolicyDecision, TaskResultRow, table
+from flows._provenance._schema import AttemptRow, PolicyDecision, Round, TaskResultRow, table
 from policies import InternalError, NotFound, SpecInvalid, ValidationFailed
 
 
@@ -79,6 +79,27 @@ class TestCheckpoint:
             planner_state=None,
             rounds={0: "completed", 1: "completed", 2: "running"},
         )
+
+    def test_only_the_newest_checkpoint_keeps_the_surrogate_state(
+        self, store: Any, record_campaign: Any
+    ) -> None:
+        # It holds every observation so far: on every round it grew the record with the
+        # square of the rounds. The policy's state stays on every round (replay reads it).
+        record_campaign(store, "demo", rounds=3)
+        with store.engine.connect() as connection:
+            rows = connection.execute(
+                select(
+                    table(Round).c.round_index,
+                    table(Round).c.surrogate_state.is_(None),
+                    table(Round).c.policy_state.is_(None),
+                ).order_by(table(Round).c.round_index)
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            (0, True, False),
+            (1, True, False),
+            (2, False, False),
+        ]
+        assert store.load_checkpoint("demo").surrogate_state == {"n": 3}
 
     def test_start_round_leaves_a_checkpointed_round_alone(self, store: Any) -> None:
         store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")
