@@ -74,8 +74,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def write_spec(folder: Path, name: str, rounds: int, batch: int, policy: str) -> Path:
-    """Write a campaign spec for the benchmark; return its path."""
+def write_spec(
+    folder: Path,
+    name: str,
+    rounds: int,
+    batch: int,
+    policy: str,
+    simulation: list[str] | None = None,
+) -> Path:
+    """Write a campaign spec for the benchmark (the awk simulation by default); return its path."""
     spec = {
         "name": name,
         "seed": 11,
@@ -86,7 +93,11 @@ def write_spec(folder: Path, name: str, rounds: int, batch: int, policy: str) ->
         "budget_node_hours": 1000.0,
         "site": "local",
         "policy": str(DATA / policy),
-        "objective": {"lower": [0.0] * 3, "upper": [1.0] * 3, "simulation": AWK_OBJECTIVE},
+        "objective": {
+            "lower": [0.0] * 3,
+            "upper": [1.0] * 3,
+            "simulation": simulation or AWK_OBJECTIVE,
+        },
         "planner": {"kind": "surrogate"},
         "approvals": {"approvers": ["alice"], "timeout_minutes": 60.0, "on_timeout": "stop"},
     }
@@ -319,6 +330,28 @@ def stop_runner(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
+def serve_ours(
+    folder: Path, database_url: str | None = None
+) -> tuple[Any, subprocess.Popen[bytes]]:
+    """Start a server (a free port; SQLite unless ``database_url``) and our runner under ``folder``.
+
+    Points this process at them (the client environment, ``UNATTENDED_HOME`` =
+    ``folder/home``); the runner logs to ``folder/runner.log``. Returns the server's
+    config (for ``stop_server``) and the runner's process.
+    """
+    from flows._prefect._server import ServerConfig, client_env, start_server
+
+    config = ServerConfig(port=free_port(), state_dir=folder / "server", database_url=database_url)
+    handle = start_server(config, timeout=180)
+    os.environ.update(client_env(handle))
+    os.environ["UNATTENDED_HOME"] = str(folder / "home")
+    runner = start_process(
+        [sys.executable, "-m", "flows._cli", "serve"], dict(os.environ), folder / "runner.log"
+    )
+    RUNNER_PID[0] = runner.pid
+    return config, runner
+
+
 SIDES = ("direct", "flow", "plain")
 
 
@@ -406,18 +439,11 @@ def main() -> int:
     os.chdir(folder)  # asyncflow's session folders land here, not in the checkout
 
     from flows._prefect._runner import RUNNER_QUERY_SECONDS
-    from flows._prefect._server import ServerConfig, client_env, start_server, stop_server
+    from flows._prefect._server import stop_server
 
     print(f"load average (1, 5, 15 min) at the start: {load()} on {os.cpu_count()} CPUs")
-    config = ServerConfig(port=free_port(), state_dir=folder / "server")
-    handle = start_server(config, timeout=180)
+    config, ours = serve_ours(folder)
     print(f"both runners poll every {max(1, int(RUNNER_QUERY_SECONDS))} s")
-    os.environ.update(client_env(handle))
-    os.environ["UNATTENDED_HOME"] = str(folder / "home")
-    ours = start_process(
-        [sys.executable, "-m", "flows._cli", "serve"], dict(os.environ), folder / "runner.log"
-    )
-    RUNNER_PID[0] = ours.pid
     # The same poll interval as our runner: like with like (Prefect's default is 10 s).
     plain = start_process(
         [sys.executable, "-c", PLAIN_RUNNER, str(DATA)],
