@@ -283,10 +283,12 @@ def main() -> int:
     print(f"load average (1, 5, 15 min) at the start: {load()} on {os.cpu_count()} CPUs")
     print(f"server database: {'PostgreSQL' if database_url else 'SQLite (the default)'}")
     config, runner = serve_ours(folder, database_url=database_url)
+    finished = False
     try:
         wait_for_line(folder / "runner.log", "serving campaign runs")
         measure(folder, args.campaigns, runner, dict(os.environ))
         print(f"load average (1, 5, 15 min) at the end: {load()}")
+        finished = True
     finally:
         stop_runner(runner)
         stop_server(config)
@@ -296,8 +298,10 @@ def main() -> int:
             with psycopg.connect(admin, autocommit=True) as conn:
                 name = database_url.rsplit("/", 1)[1]
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if not args.keep:
+        if finished and not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+        elif not finished:
+            print(f"kept for a look: {folder} (the server's log is under server/)")
     return 0
 
 
