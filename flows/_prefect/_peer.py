@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from flows._prefect._server import SERVER_PID_FILE, ServerError
+from flows._prefect._server import SERVER_PID_FILE, ServerError, same_process
 
 LOOPBACK: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 SUPPORTED_PREFECT: Final = ("3.9.",)
@@ -54,7 +54,7 @@ class PeerRefusedError(ServerError):
 @dataclass(frozen=True)
 class _Verified:
     pid: int
-    create_time: float
+    mark: Mapping[str, Any]  # the PID file's record: what identifies the process
 
 
 _lock = threading.Lock()
@@ -63,12 +63,7 @@ _verified: dict[str, _Verified] = {}
 
 
 def _same_process(known: _Verified) -> bool:
-    try:
-        process = psutil.Process(known.pid)
-        alive: bool = process.status() != psutil.STATUS_ZOMBIE
-        return alive and process.create_time() == known.create_time
-    except psutil.Error:
-        return False
+    return same_process(known.pid, known.mark)
 
 
 def _listens(pid: int, port: int) -> bool:
@@ -94,7 +89,7 @@ def _record(pid_file: str) -> tuple[_Verified | None, int | None]:
     """Return the server process the PID file names (None unless it still runs), and its port."""
     try:
         data = json.loads(Path(pid_file).read_text(encoding="utf-8"))
-        known = _Verified(int(data["pid"]), float(data["create_time"]))
+        known = _Verified(int(data["pid"]), dict(data))
         port = int(data["port"]) if data.get("port") is not None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None, None

@@ -260,6 +260,9 @@ def filter_runs(
         flow_runs["state"] = {"type": {"any_": state_types}}
     if deployment_ids is not None:
         if not deployment_ids:
+            # Nothing of ours to list; the server is still asked, so that a dead one, or
+            # a process that took its port, is said as for any other command.
+            request(env, "GET", "health")
             return []
         flow_runs["deployment_id"] = {"any_": sorted(deployment_ids)}
     found: dict[UUID, RunView] = {}

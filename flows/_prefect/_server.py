@@ -481,11 +481,53 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def _boot_id() -> str:
+    """Return this boot's id (Linux), or '' where the system has none to read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def process_mark(pid: int) -> dict[str, Any]:
+    """Return what identifies process ``pid`` in a PID file, whatever the clock does later.
+
+    ``create_time`` is wall-clock time: a clock step (NTP, a virtual machine resumed or
+    forked; 14 s seen here) moves it for every running process, and a server taken for
+    dead would never be spoken to again. ``started`` (seconds from boot to the process's
+    start) and ``boot_id`` do not move.
+    """
+    created = psutil.Process(pid).create_time()
+    return {"create_time": created, "started": created - psutil.boot_time(), "boot_id": _boot_id()}
+
+
+def same_process(pid: int, record: Mapping[str, Any]) -> bool:
+    """Return whether ``pid`` is still the live process ``record`` (a ``process_mark``) names.
+
+    A recycled PID belongs to a process started at another moment (or in another boot);
+    a PID file written before ``started`` existed is compared by ``create_time``.
+    """
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = float(process.create_time())
+        if "started" in record:
+            since_boot = created - psutil.boot_time()
+            return (
+                abs(since_boot - float(record["started"])) < 1.0
+                and str(record.get("boot_id", "")) == _boot_id()
+            )
+        return abs(created - float(record["create_time"])) < 1.0
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
 def _write_pid_file(config: ServerConfig, pid: int) -> None:
     # The password-free label only: the PID file must not hold a secret.
     record = {
         "pid": pid,
-        "create_time": psutil.Process(pid).create_time(),
+        **process_mark(pid),
         "host": config.host,
         "port": config.port,
         "database_url": config.database_label(),
@@ -499,24 +541,17 @@ def _live_record(config: ServerConfig) -> dict[str, Any] | None:
     try:
         record = json.loads(config.pid_path.read_text(encoding="utf-8"))
         pid = int(record["pid"])
-        create_time = float(record["create_time"])
+        float(record["create_time"])
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError):
         config.pid_path.unlink(missing_ok=True)
         return None
-    try:
-        process = psutil.Process(pid)
-        alive = process.status() != psutil.STATUS_ZOMBIE
-        # A recycled PID belongs to a process started at another time.
-        ours = abs(process.create_time() - create_time) < 1.0
-    except psutil.NoSuchProcess:
-        alive = ours = False
-    if alive and ours:
+    if same_process(pid, record):
         return dict(record)
-    if ours:
-        with contextlib.suppress(psutil.Error, ChildProcessError):
-            psutil.Process(pid).wait(timeout=0)  # reap our own zombie
+    with contextlib.suppress(psutil.Error, ChildProcessError):
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            psutil.Process(pid).wait(timeout=0)  # reap our own zombie (another's: no effect)
     config.pid_path.unlink(missing_ok=True)
     return None
 

@@ -24,6 +24,7 @@ from flows._prefect._server import (
     client_env,
     flow_run_ui_url,
     load_server_config,
+    process_mark,
     redact_url,
     server_status,
     start_server,
@@ -139,6 +140,31 @@ class TestServerStatus:
         config.prefect_home.mkdir(parents=True)
         started = psutil.Process(os.getpid()).create_time()
         config.pid_path.write_text(json.dumps({"pid": os.getpid(), "create_time": started - 60}))
+        assert not server_status(config).running
+        assert not config.pid_path.exists()
+
+    def test_a_clock_step_leaves_the_running_server_its_own(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # NTP, or a virtual machine resumed: the wall clock jumps and every running
+        # process's create_time moves with the boot time (14 s seen on this machine).
+        # Before, the PID file was removed and the live server taken for dead.
+        from flows._prefect import _server
+
+        config = ServerConfig(state_dir=tmp_path)
+        config.prefect_home.mkdir(parents=True)
+        config.pid_path.write_text(json.dumps({"pid": os.getpid(), **process_mark(os.getpid())}))
+        boot, created = psutil.boot_time(), psutil.Process(os.getpid()).create_time()
+        monkeypatch.setattr(_server.psutil, "boot_time", lambda: boot + 14.0)
+        monkeypatch.setattr(_server.psutil.Process, "create_time", lambda self: created + 14.0)
+        assert server_status(config).running
+        assert config.pid_path.exists()
+
+    def test_a_pid_file_of_another_boot_is_not_taken_for_the_server(self, tmp_path: Path) -> None:
+        config = ServerConfig(state_dir=tmp_path)
+        config.prefect_home.mkdir(parents=True)
+        record = {**process_mark(os.getpid()), "boot_id": "a-boot-before-the-last-reboot"}
+        config.pid_path.write_text(json.dumps({"pid": os.getpid(), **record}))
         assert not server_status(config).running
         assert not config.pid_path.exists()
 
