@@ -362,18 +362,6 @@ class CampaignService:
             listener.cancel()
 
 
-async def campaign_runs(limit: int = 50) -> list[FlowRun]:
-    """Return the most recent campaign runs, newest first."""
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    async with get_client() as client:
-        return await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(tags={"all_": [TAG]}),  # type: ignore[arg-type]
-            sort=FlowRunSort.START_TIME_DESC,
-            limit=limit,
-        )
-
-
 async def suspended_runs() -> list[FlowRun]:
     """Return every run of this state directory's campaigns that waits for an approval.
 
