@@ -6,7 +6,7 @@ that ``unattended replay`` can use exactly the engine's arithmetic without them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,10 @@ class Counters:
     ``budget_spent`` counts the batches' simulations; ``verifier_hours`` the
     verifier tasks the gate ran on proposals (site ``cost.node_hours_per_verifier``).
     Policies see their sum (:attr:`spent`).
+
+    The saved state leaves ``decisions`` out: they are recorded one by one already,
+    and a list saved with every round grew the record with the square of the rounds.
+    :meth:`from_state` takes them back from the record (``Checkpoint.decisions``).
     """
 
     budget_spent: float = 0.0
@@ -47,18 +51,17 @@ class Counters:
             "budget_spent": self.budget_spent,
             "verifier_hours": self.verifier_hours,
             "consecutive_fallbacks": self.consecutive_fallbacks,
-            "decisions": list(self.decisions),
             "failed_last_batch": self.failed_last_batch,
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any] | None) -> Counters:
-        """Rebuild the counters; unknown keys are ignored."""
+    def from_state(cls, state: Mapping[str, Any] | None, decisions: Iterable[str] = ()) -> Counters:
+        """Rebuild the counters, with the recorded ``decisions``; unknown keys are ignored."""
         state = state or {}
         return cls(
             budget_spent=float(state.get("budget_spent", 0.0)),
             verifier_hours=float(state.get("verifier_hours", 0.0)),
             consecutive_fallbacks=int(state.get("consecutive_fallbacks", 0)),
-            decisions=[str(d) for d in state.get("decisions", [])],
+            decisions=[str(d) for d in decisions],
             failed_last_batch=int(state.get("failed_last_batch", 0)),
         )

@@ -206,7 +206,7 @@ class CampaignEngine:
         self.checkpoint = checkpoint
         policy_state = checkpoint.policy_state or {}
         self.policy = build_policy(self.loaded, policy_state.get("policy"))
-        self.counters = Counters.from_state(policy_state.get("campaign"))
+        self.counters = Counters.from_state(policy_state.get("campaign"), checkpoint.decisions)
         self.surrogate = build_surrogate(checkpoint.surrogate_state)
         self.planner = PlannerSlot(self.loaded, self.bounds, checkpoint.planner_state, self.env)
         first = checkpoint.last_completed_round

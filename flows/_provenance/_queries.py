@@ -26,6 +26,10 @@ ROUND_STATES: Final = (
     "SELECT surrogate_state, policy_state, planner_state FROM round "
     "WHERE campaign_id = :cid AND round_index = :index"
 )
+DECISION_OUTCOMES: Final = (
+    "SELECT outcome FROM policy_decision WHERE campaign_id = :cid AND round_index <= :last "
+    "ORDER BY round_index, seq"
+)
 APPROVAL: Final = (
     f"SELECT {columns('approval', 'a')}, c.name AS campaign FROM approval a "
     "JOIN campaign c ON c.id = a.campaign_id WHERE a.key = :key"

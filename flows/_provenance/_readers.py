@@ -70,12 +70,14 @@ def checkpoint(reader: Reader, name: str) -> Checkpoint:
     last = max(completed)
     states = reader.first(sql.ROUND_STATES, cid=cid, index=last)
     assert states is not None  # the round was just read
+    outcomes = reader.all(sql.DECISION_OUTCOMES, cid=cid, last=last)
     return Checkpoint(
         last,
         states["surrogate_state"],
         states["policy_state"],
         states["planner_state"],
         statuses,
+        tuple(str(r["outcome"]) for r in outcomes),
     )
 
 

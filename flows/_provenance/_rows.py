@@ -35,7 +35,8 @@ class Checkpoint:
     """Where a campaign stands: the last completed round's states and every round's status.
 
     ``last_completed_round`` is None when no round has completed; the states are
-    then None too.
+    then None too. ``decisions`` are the policy's outcomes in the completed rounds,
+    in order (read from the decisions themselves, not saved again with each round).
     """
 
     last_completed_round: int | None
@@ -43,6 +44,7 @@ class Checkpoint:
     policy_state: Any
     planner_state: Any
     rounds: dict[int, str]
+    decisions: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

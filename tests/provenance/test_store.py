@@ -71,6 +71,8 @@ class TestCheckpoint:
     ) -> None:
         record_campaign(store, "demo", rounds=2)
         store.start_round("demo", 2)
+        # The running round's decision is decided again when the campaign resumes it.
+        store.record_decision("demo", 2, 0, {"outcome": "retry", "reason": "r", "code": None})
         checkpoint = store.load_checkpoint("demo")
         assert checkpoint == Checkpoint(
             last_completed_round=1,
@@ -78,6 +80,7 @@ class TestCheckpoint:
             policy_state={"spent": 1},
             planner_state=None,
             rounds={0: "completed", 1: "completed", 2: "running"},
+            decisions=("continue", "suspend"),
         )
 
     def test_only_the_newest_checkpoint_keeps_the_surrogate_state(

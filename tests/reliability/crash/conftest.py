@@ -5,7 +5,9 @@ Every campaign here is the same story (3 rounds, batch 4, attempts 2):
 * round 0: answer 1 is out of bounds (rejected), answer 2 is accepted;
 * round 1: answers 3 and 4 are rejected, the round runs its fallback;
 * round 2: answer 5 is accepted but the policy sends it back (SOFT_BLOCK, a Retry),
-  answer 6 in the second gate call is accepted.
+  answer 6 in the second gate call is accepted. The rule also asks for the two
+  decisions of rounds 0 and 1 in ``history.decisions``, so a restart that lost the
+  campaign's earlier decisions takes another path and the record differs.
 
 The model endpoint answers its Nth request with answer N and counts requests, so a
 planner asked again for an answer the provenance holds shows as an extra request
@@ -61,10 +63,10 @@ max_soft_attempts = 2
 
 [[rules]]
 name = "second-look"
-description = "Round 2's first proposal is sent back once."
+description = "Round 2's first proposal is sent back once, seeing the two decisions before it."
 advice = "Propose again."
 severity = "SOFT_BLOCK"
-when = "round.index == 2 && round.attempt == 1"
+when = "round.index == 2 && round.attempt == 1 && size(history.decisions) == 2"
 """
 
 ASK_POLICY = (
