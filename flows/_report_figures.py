@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import io
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 _LEGEND = {"loc": "outside right upper", "fontsize": "small"}
+#: Past this many rounds (or batches) a figure stops drawing one bar or box each.
+MANY = 60
 
 
 @dataclass(frozen=True)
@@ -127,18 +130,24 @@ def dispositions_figure(rounds: Sequence[dict[str, Any]]) -> Any:
     bottom = [0] * len(rounds)
     recorded = {d for r in rounds for d in r["dispositions"]}
     # The known ones in their usual order, then any other the store holds (e.g. "failed").
+    layers: list[tuple[str, list[int]]] = []
     for disposition in (*_DISPOSITIONS, *sorted(recorded - set(_DISPOSITIONS))):
         heights = [r["dispositions"].get(disposition, 0) for r in rounds]
         if any(heights):
-            ax.bar(xs, heights, bottom=bottom, label=disposition)
-            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+            layers.append((disposition, heights))
+    if len(rounds) > MANY:  # one bar per round would be under 10 px: stacked areas instead
+        labels, stacks = zip(*layers, strict=True) if layers else ((), ())
+        ax.stackplot(xs, *stacks, labels=labels)
+    for disposition, heights in layers if len(rounds) <= MANY else ():
+        ax.bar(xs, heights, bottom=bottom, label=disposition)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set(xlabel="round", ylabel="gate calls", title="Dispositions and acceptance rate")
     _integer_ticks(ax.xaxis)
     _integer_ticks(ax.yaxis)
     ax.margins(y=0.08)  # the tallest bar stops short of the frame
     rate = ax.twinx()
     rates = [math.nan if r["acceptance_rate"] is None else r["acceptance_rate"] for r in rounds]
-    rate.plot(xs, rates, "k.-", label="acceptance rate")
+    rate.plot(xs, rates, "k.-" if len(rounds) <= MANY else "k-", label="acceptance rate")
     rate.set(ylim=(-0.05, 1.05), ylabel="acceptance rate")
     rate.yaxis.set_major_formatter(PercentFormatter(1.0))
     handles, labels = ax.get_legend_handles_labels()
@@ -162,15 +171,42 @@ def rejections_figure(rejections: Sequence[dict[str, Any]]) -> Any:
 
 
 def simulation_figure(batches: Sequence[dict[str, Any]]) -> Any:
-    """Draw each batch's wall time and a box plot of its task runtimes."""
+    """Draw each batch's wall time and its task runtimes.
+
+    Up to :data:`MANY` batches, a bar and a box plot per batch, each labelled with
+    its round. Past that, a box or a label per batch is narrower than the text it
+    needs (and a thousand of them take a minute to lay out): the wall times are a
+    line, the runtimes their median line in the band from the fastest to the
+    slowest task, and the x axis is labelled at a few batches.
+    """
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     fig = _new_figure(7.5, 5)
     wall, runtime = fig.subplots(2, 1, sharex=True)
     xs = list(range(len(batches)))
-    wall.bar(xs, [b["wall_seconds"] or 0.0 for b in batches])
+    walls = [b["wall_seconds"] or 0.0 for b in batches]
+    samples = [b["runtimes"] or [0.0] for b in batches]
     wall.set(ylabel="seconds", title="Batch wall time (launched to finished)")
-    runtime.boxplot([b["runtimes"] or [0.0] for b in batches], positions=xs)
     runtime.set(xlabel="batch (by round)", ylabel="seconds", title="Task runtimes per batch")
-    runtime.set_xticks(xs, [f"r{b['round_index']}" for b in batches])
+    if len(batches) <= MANY:
+        wall.bar(xs, walls)
+        runtime.boxplot(samples, positions=xs)
+        runtime.set_xticks(xs, [f"r{b['round_index']}" for b in batches])
+        return fig
+    wall.plot(xs, walls, "-", linewidth=0.8, label="wall time")
+    lowest, highest = [min(s) for s in samples], [max(s) for s in samples]
+    runtime.fill_between(xs, lowest, highest, alpha=0.3, linewidth=0, label="fastest to slowest")
+    medians = [statistics.median(s) for s in samples]
+    runtime.plot(xs, medians, "-", color="C1", linewidth=0.8, label="median")
+    fig.legend(**_LEGEND)
+
+    def by_round(x: float, _pos: int | None = None) -> str:
+        whole = round(x)
+        inside = 0 <= whole < len(batches) and abs(x - whole) < 1e-9
+        return f"r{batches[whole]['round_index']}" if inside else ""
+
+    runtime.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+    runtime.xaxis.set_major_formatter(FuncFormatter(by_round))
     return fig
 
 

@@ -225,3 +225,73 @@ class TestApprovals:
             ("mallory", "not_allowed", "no: not among the approvers"),
             ("alice", "approved", "yes"),
         ]
+
+
+def _fill_rounds(store: ProvenanceStore, name: str, rounds: int) -> None:
+    """Record ``rounds`` rounds of one accepted gate call and a batch of three tasks."""
+    store.ensure_campaign(name, spec={"rounds": rounds}, site="local", seed=1, code_version="t")
+    for index in range(rounds):
+        call = store.record_gate_call(
+            name, index, 0, gate="planner", budget=1, fallback_hash="h", fallback_value=[[0.5]]
+        )
+        store.finish_gate_call(call, "accepted" if index % 4 else "fallback", 1)
+        store.record_decision(name, index, 0, {"outcome": "continue", "reason": "ok"})
+        key = f"{name}-{index}"
+        store.record_batch_launched(
+            key, campaign=name, round_index=index, candidates=[[0.1], [0.2], [0.3]], backend="local"
+        )
+        results = [
+            {"index": i, "key": f"{key}-{i}", "status": "done", "value": 1.0 / (index + 1)}
+            | {"runtime": 0.1 * (i + 1), "host": "n", "exit_code": 0, "attempts": 1}
+            for i in range(3)
+        ]
+        store.record_batch_results(key, results)
+        store.checkpoint_round(
+            name, index, surrogate_state={}, policy_state={}, planner_state={}, status="completed"
+        )
+
+
+MANY_ROUNDS = 75
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> _ReportReader:
+    """The report of a campaign of more rounds than ``MANY``."""
+    from flows._report import write_report
+    from flows._report_figures import MANY
+
+    assert MANY_ROUNDS > MANY
+    folder = tmp_path_factory.mktemp("many")
+    with ProvenanceStore.open(str(folder / "provenance.db")) as store:
+        _fill_rounds(store, "long", MANY_ROUNDS)
+        return read_report(write_report(store, "long", folder / "report"))
+
+
+class TestManyRounds:
+    """Past ``MANY`` rounds the figures summarise instead of drawing a bar or box per round."""
+
+    def test_the_batches_are_labelled_at_a_few_rounds_not_at_every_one(
+        self, many: _ReportReader
+    ) -> None:
+        axes = axes_by_label(many.figures["simulation.png"], "batch")
+        labels = [tick["label"] for tick in axes["xticks"]]
+        assert 2 <= len(labels) <= 12, labels
+        assert labels[0] == "r0"
+        assert all(re.fullmatch(r"r\d+", label) for label in labels), labels
+
+    def test_the_runtimes_are_a_median_line_over_every_batch(self, many: _ReportReader) -> None:
+        axes = axes_by_label(many.figures["simulation.png"], "batch")
+        assert line(axes, "median") == [pytest.approx(0.2)] * MANY_ROUNDS
+        (legend,) = many.figures["simulation.png"]["legends"]
+        assert legend["labels"] == ["wall time", "fastest to slowest", "median"]
+        for each in many.figures["simulation.png"]["axes"]:
+            assert not overlap(legend["box"], each["box"])
+
+    def test_the_dispositions_keep_their_legend_and_the_rate_of_every_round(
+        self, many: _ReportReader
+    ) -> None:
+        figure = many.figures["dispositions.png"]
+        (legend,) = figure["legends"]
+        assert legend["labels"] == ["accepted", "fallback", "acceptance rate"]
+        rate = line(axes_by_label(figure, "acceptance rate"), "acceptance rate")
+        assert rate == [0.0 if index % 4 == 0 else 1.0 for index in range(MANY_ROUNDS)]
