@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import IO, Any, Final
 
-from rocrate.model import ContextEntity
 from rocrate.rocrate import ROCrate
 
 from flows._provenance._run_graph import TOOL_OF, Action, Job
@@ -64,8 +63,14 @@ class ActionWriter:
         self.count = 0
 
     def emit(self, identifier: str, properties: dict[str, Any]) -> None:
-        entity = ContextEntity(self.crate, identifier, properties=properties)
-        self.graph.write(",\n" + json.dumps(entity.properties(), ensure_ascii=False))
+        """Append one entity: what ``ContextEntity(...).properties()`` gives, built directly.
+
+        The properties here hold plain values and ``{"@id": ...}`` references only, for
+        which rocrate's entity adds nothing but ``@id`` and a default ``@type`` in front;
+        building one per entity was a third of a 1,000-round crate's time.
+        """
+        entity = {"@id": identifier, "@type": "Thing"} | properties
+        self.graph.write(",\n" + json.dumps(entity, ensure_ascii=False))
         self.count += 1
 
     def action(self, action: Action) -> None:
