@@ -373,7 +373,7 @@ def _fallback(loaded: LoadedSpec, problems: list[Problem]) -> None:
     spec = loaded.spec
     bounds = Bounds(lower=tuple(spec.objective.lower), upper=tuple(spec.objective.upper))
     try:
-        fallback_batch(build_surrogate(None), bounds, spec.batch_size, derive_seed(spec.seed, 0, 1))
+        fallback_batch(build_surrogate(), bounds, spec.batch_size, derive_seed(spec.seed, 0, 1))
     except FallbackUnavailable as exc:
         problems.append(
             Problem.at(

@@ -232,9 +232,17 @@ class GaussianProcess:
             self._fitted = (basis, hyper)
         return self._fitted[1]
 
-    def to_state(self) -> dict[str, Any]:
-        """Return the settings and observations as JSON-ready plain lists of floats."""
-        return {
+    def to_state(self, since: int = 0) -> dict[str, Any]:
+        """Return the settings and observations as JSON-ready plain lists of floats.
+
+        With ``since`` > 0 only the observations from that number on are in it, and
+        ``"since"`` says so: an increment, which :meth:`from_states` appends to the
+        states before it. A campaign saves one per round, so what it writes per round
+        does not grow with the observations.
+        """
+        if not 0 <= since <= self.observations:
+            raise ValueError(f"since: {since} is not within 0..{self.observations}")
+        state: dict[str, Any] = {
             "kind": _STATE_KIND,
             "version": _STATE_VERSION,
             "settings": {
@@ -245,10 +253,41 @@ class GaussianProcess:
                 "acquisition": self.acquisition,
                 "max_points": self.max_points,
             },
-            "points": self._points.tolist() if len(self._values) else [],
-            "values": self._values.tolist(),
+            "points": self._points[since:].tolist() if len(self._values) else [],
+            "values": self._values[since:].tolist(),
             "skipped": self.skipped,
         }
+        if since:
+            state["since"] = since
+        return state
+
+    @classmethod
+    def from_states(cls, states: Sequence[dict[str, Any]]) -> GaussianProcess:
+        """Rebuild a surrogate from saved states in order: a whole one, then increments.
+
+        The newest whole state (no ``"since"``) is the start; each increment after
+        it must continue from exactly the observations before it.
+
+        Raises:
+            ValueError: No whole state, an increment that does not continue the
+                ones before it, or a malformed state (the message names it).
+        """
+        whole = [i for i, state in enumerate(states) if not state.get("since")]
+        if not whole:
+            raise ValueError("state: every saved state continues another; the first is missing")
+        model = cls.from_state(dict(states[whole[-1]]))
+        for position in range(whole[-1] + 1, len(states)):
+            since = states[position].get("since")
+            if since != model.observations:
+                raise ValueError(
+                    f"state {position}.since: {since!r}, but {model.observations} "
+                    "observations come before it"
+                )
+            increment = cls.from_state({**states[position], "since": 0})
+            if increment.observations:
+                model.assimilate(increment._points.tolist(), increment._values.tolist())
+            model.skipped = increment.skipped
+        return model
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> GaussianProcess:
@@ -262,6 +301,8 @@ class GaussianProcess:
             ValueError: The state is of another kind or version, or is malformed
                 (the message names the field).
         """
+        if state.get("since"):
+            raise ValueError("state.since: an increment of another state (load with from_states)")
         version = state.get("version")
         if state.get("kind") != _STATE_KIND or (
             version != _STATE_VERSION and version not in _OLDER_VERSIONS

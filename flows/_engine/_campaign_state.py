@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, assert_never
 
@@ -52,9 +52,9 @@ def build_policy(loaded: LoadedSpec, state: Mapping[str, Any] | None) -> Policy:
     return policy
 
 
-def build_surrogate(state: Mapping[str, Any] | None) -> GaussianProcess:
-    """Return the surrogate, restored from its checkpointed state when there is one."""
-    return GaussianProcess.from_state(dict(state)) if state else GaussianProcess()
+def build_surrogate(states: Sequence[Mapping[str, Any]] = ()) -> GaussianProcess:
+    """Return the surrogate, restored from its checkpointed states (in round order), if any."""
+    return GaussianProcess.from_states([dict(s) for s in states]) if states else GaussianProcess()
 
 
 class PlannerSlot:

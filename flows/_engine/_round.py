@@ -207,7 +207,9 @@ class CampaignEngine:
         policy_state = checkpoint.policy_state or {}
         self.policy = build_policy(self.loaded, policy_state.get("policy"))
         self.counters = Counters.from_state(policy_state.get("campaign"), checkpoint.decisions)
-        self.surrogate = build_surrogate(checkpoint.surrogate_state)
+        self.surrogate = build_surrogate(checkpoint.surrogate_states)
+        # Observations already in the record: a round's checkpoint saves those after.
+        self.saved_observations = self.surrogate.observations
         self.planner = PlannerSlot(self.loaded, self.bounds, checkpoint.planner_state, self.env)
         first = checkpoint.last_completed_round
         self.next_round = 0 if first is None else first + 1
@@ -748,7 +750,7 @@ class CampaignEngine:
             self.store.checkpoint_round(
                 self.name,
                 index,
-                surrogate_state=self.surrogate.to_state(),
+                surrogate_state=self.surrogate.to_state(since=self.saved_observations),
                 policy_state={
                     "policy": self.policy.to_state(),
                     "campaign": self.counters.to_state(),
@@ -756,6 +758,7 @@ class CampaignEngine:
                 planner_state=self.planner.to_state(),
                 status="completed",
             )
+        self.saved_observations = self.surrogate.observations
         failpoint("after_checkpoint")
         self.hooks.on_event(
             "batch", {"round": index, "done": len(results) - failed, "failed": failed}

@@ -23,8 +23,12 @@ ROUND_STATUSES: Final = (
     "SELECT round_index, status FROM round WHERE campaign_id = :cid ORDER BY round_index"
 )
 ROUND_STATES: Final = (
-    "SELECT surrogate_state, policy_state, planner_state FROM round "
+    "SELECT policy_state, planner_state FROM round "
     "WHERE campaign_id = :cid AND round_index = :index"
+)
+SURROGATE_STATES: Final = (
+    "SELECT surrogate_state FROM round WHERE campaign_id = :cid AND round_index <= :last "
+    "AND status = 'completed' AND surrogate_state IS NOT NULL ORDER BY round_index"
 )
 DECISION_OUTCOMES: Final = (
     "SELECT outcome FROM policy_decision WHERE campaign_id = :cid AND round_index <= :last "

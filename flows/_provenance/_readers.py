@@ -60,20 +60,21 @@ def checkpoint(reader: Reader, name: str) -> Checkpoint:
     """Return campaign ``name``'s checkpoint (an empty one for an unknown campaign)."""
     cid = campaign_id(reader, name)
     if cid is None:
-        return Checkpoint(None, None, None, None, {})
+        return Checkpoint(None, (), None, None, {})
     statuses = {
         int(r["round_index"]): str(r["status"]) for r in reader.all(sql.ROUND_STATUSES, cid=cid)
     }
     completed = [i for i, s in statuses.items() if s == "completed"]
     if not completed:
-        return Checkpoint(None, None, None, None, statuses)
+        return Checkpoint(None, (), None, None, statuses)
     last = max(completed)
     states = reader.first(sql.ROUND_STATES, cid=cid, index=last)
     assert states is not None  # the round was just read
+    surrogate = reader.all(sql.SURROGATE_STATES, cid=cid, last=last)
     outcomes = reader.all(sql.DECISION_OUTCOMES, cid=cid, last=last)
     return Checkpoint(
         last,
-        states["surrogate_state"],
+        tuple(r["surrogate_state"] for r in surrogate if r["surrogate_state"] is not None),
         states["policy_state"],
         states["planner_state"],
         statuses,

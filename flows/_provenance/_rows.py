@@ -35,12 +35,14 @@ class Checkpoint:
     """Where a campaign stands: the last completed round's states and every round's status.
 
     ``last_completed_round`` is None when no round has completed; the states are
-    then None too. ``decisions`` are the policy's outcomes in the completed rounds,
-    in order (read from the decisions themselves, not saved again with each round).
+    then None too. ``surrogate_states`` are the completed rounds' surrogate states
+    in round order (each round saves what it added; a round without one is left
+    out). ``decisions`` are the policy's outcomes in the completed rounds, in order
+    (read from the decisions themselves, not saved again with each round).
     """
 
     last_completed_round: int | None
-    surrogate_state: Any
+    surrogate_states: tuple[Any, ...]
     policy_state: Any
     planner_state: Any
     rounds: dict[int, str]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Engine, null, select, update
+from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from flows._provenance import _readers as readers
@@ -202,10 +202,10 @@ class ProvenanceStore(
     ) -> None:
         """Finish round ``index`` with its states and status, in one transaction.
 
-        Only the newest checkpoint keeps the surrogate's state (what a resumed campaign
-        reads): it holds every observation so far, so keeping it on every round grew
-        the record with the square of the rounds (~0.3 GB at 1,000 rounds of 8). An
-        earlier round's observations are its task results.
+        The engine's ``surrogate_state`` is what the round added (an increment; see
+        ``GaussianProcess.to_state``): every completed round's is read back, in order,
+        by :meth:`load_checkpoint`. A whole state on every round grew the record with
+        the square of the rounds (~0.3 GB at 1,000 rounds of 8).
         """
         check_choice(status, ROUND_STATUSES, "status")
         values = {
@@ -223,15 +223,6 @@ class ProvenanceStore(
                 update(ROUNDS)
                 .where(ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == index)
                 .values(finished_at=moment, **values)
-            )
-            connection.execute(
-                update(ROUNDS)
-                .where(
-                    ROUNDS.c.campaign_id == cid,
-                    ROUNDS.c.round_index < index,
-                    ROUNDS.c.surrogate_state.is_not(None),
-                )
-                .values(surrogate_state=null())  # SQL NULL, not JSON 'null'
             )
             connection.execute(
                 update(CAMPAIGNS).where(CAMPAIGNS.c.id == cid).values(updated_at=moment)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from acceptance import Attempt, Verdict
 from flows._provenance import ApprovalRow, Checkpoint, TaskResultRecord
-from flows._provenance._schema import AttemptRow, PolicyDecision, Round, TaskResultRow, table
+from flows._provenance._schema import AttemptRow, PolicyDecision, TaskResultRow, table
 from policies import InternalError, NotFound, SpecInvalid, ValidationFailed
 
 
@@ -64,7 +64,7 @@ class TestCampaign:
 
 class TestCheckpoint:
     def test_an_unknown_campaign_has_an_empty_checkpoint(self, store: Any) -> None:
-        assert store.load_checkpoint("new") == Checkpoint(None, None, None, None, {})
+        assert store.load_checkpoint("new") == Checkpoint(None, (), None, None, {})
 
     def test_the_last_completed_round_and_its_states_come_back(
         self, store: Any, record_campaign: Any
@@ -76,33 +76,26 @@ class TestCheckpoint:
         checkpoint = store.load_checkpoint("demo")
         assert checkpoint == Checkpoint(
             last_completed_round=1,
-            surrogate_state={"n": 2},
+            surrogate_states=({"n": 1}, {"n": 2}),
             policy_state={"spent": 1},
             planner_state=None,
             rounds={0: "completed", 1: "completed", 2: "running"},
             decisions=("continue", "suspend"),
         )
 
-    def test_only_the_newest_checkpoint_keeps_the_surrogate_state(
+    def test_every_completed_round_gives_back_its_surrogate_state_in_order(
         self, store: Any, record_campaign: Any
     ) -> None:
-        # It holds every observation so far: on every round it grew the record with the
-        # square of the rounds. The policy's state stays on every round (replay reads it).
+        # Each round saves what it added to the surrogate (a whole state on every round
+        # grew the record with the square of the rounds); a resumed campaign reads
+        # them all back. A round that saved none, or did not complete, is left out.
         record_campaign(store, "demo", rounds=3)
-        with store.engine.connect() as connection:
-            rows = connection.execute(
-                select(
-                    table(Round).c.round_index,
-                    table(Round).c.surrogate_state.is_(None),
-                    table(Round).c.policy_state.is_(None),
-                ).order_by(table(Round).c.round_index)
-            ).all()
-        assert [tuple(row) for row in rows] == [
-            (0, True, False),
-            (1, True, False),
-            (2, False, False),
-        ]
-        assert store.load_checkpoint("demo").surrogate_state == {"n": 3}
+        store.start_round("demo", 3)
+        store.checkpoint_round(
+            "demo", 4, surrogate_state=None, policy_state={}, planner_state={}, status="completed"
+        )
+        store.start_round("demo", 5)
+        assert store.load_checkpoint("demo").surrogate_states == ({"n": 1}, {"n": 2}, {"n": 3})
 
     def test_start_round_leaves_a_checkpointed_round_alone(self, store: Any) -> None:
         store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")

@@ -381,6 +381,43 @@ class TestState:
         assert restored.to_state() == model.to_state()
         assert restored.propose(8, UNIT2, seed=9) == model.propose(8, UNIT2, seed=9)
 
+    def test_a_whole_state_and_its_increments_restore_the_same_model(self) -> None:
+        # What a campaign saves: a whole state at its first round, then what each round added.
+        model, saved, states = GaussianProcess(), 0, []
+        for index in range(6):
+            batch = model.propose(4, UNIT2, seed=index)
+            values = [objective(p) for p in batch]
+            values[index % 4] = math.nan if index == 2 else values[index % 4]
+            model.assimilate(batch, values)
+            states.append(json.loads(json.dumps(model.to_state(since=saved))))
+            saved = model.observations
+        assert [len(s["values"]) for s in states] == [4, 4, 3, 4, 4, 4]
+        assert "since" not in states[0]
+        assert states[1]["since"] == 4
+        restored = GaussianProcess.from_states(states)
+        assert restored.to_state() == model.to_state()
+        assert restored.skipped == 1
+        assert restored.propose(8, UNIT2, seed=9) == model.propose(8, UNIT2, seed=9)
+        # A record from before increments holds one whole state, the newest; later
+        # rounds add increments to it.
+        assert GaussianProcess.from_states([states[0], model.to_state()]).to_state() == (
+            model.to_state()
+        )
+
+    def test_an_increment_that_does_not_continue_the_states_before_it_is_refused(
+        self,
+    ) -> None:
+        model = _trained(6)
+        whole, increment = _trained(4).to_state(), model.to_state(since=5)
+        with pytest.raises(ValueError, match=r"state 1\.since: 5, but 4 observations"):
+            GaussianProcess.from_states([whole, increment])
+        with pytest.raises(ValueError, match=r"the first is missing"):
+            GaussianProcess.from_states([increment])
+        with pytest.raises(ValueError, match=r"state\.since: an increment"):
+            GaussianProcess.from_state(increment)
+        with pytest.raises(ValueError, match=r"since: 7 is not within 0\.\.6"):
+            model.to_state(since=7)
+
     def test_a_restored_model_refits_what_the_running_one_kept(self) -> None:
         """Between two refits the running model reuses its fit; a restored one recomputes it."""
         model = _trained(40)
