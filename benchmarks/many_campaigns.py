@@ -7,9 +7,10 @@ One real Prefect server (SQLite by default; PostgreSQL with ``--database-url``, 
 database the benchmark creates and drops) and one ``unattended serve`` runner with
 default settings. Half the campaigns wait for an approval (round 1 asks alice,
 ``campaign_data/approval-policy.toml``); the other half run 6 rounds of 4 candidates
-whose simulation sleeps 1 s, so they overlap. Measured, with the load average:
+whose simulation sleeps ``--task-seconds`` (30 s), so they are still running when the
+last campaign is submitted. Measured, with the load average:
 
-* the runner's memory (its whole process tree, RSS) idle, at the peak while the
+* the runner's memory (its whole process tree, RSS and USS) idle, at the peak while the
   running half runs, and per running campaign; the processes the tree holds once only
   the waiting half is left (a waiting campaign should hold none);
 * ``unattended status`` and ``unattended approvals`` in fresh processes while all
@@ -54,7 +55,6 @@ from campaign import (
     write_spec,
 )
 
-SLOW = ["sh", "-c", f"sleep 1; exec {shlex.join(AWK_OBJECTIVE)}"]
 RUNNING_ROUNDS = 6
 BATCH = 4
 CLI = [sys.executable, "-m", "flows._cli"]
@@ -70,15 +70,26 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def tree_rss(pid: int) -> float:
-    """Return the RSS of the runner's process tree, MB."""
-    total = 0
+def slow(seconds: float) -> list[str]:
+    """Return a simulation that sleeps ``seconds``, then computes the awk objective."""
+    return ["sh", "-c", f"sleep {seconds:g}; exec {shlex.join(AWK_OBJECTIVE)}"]
+
+
+def tree_memory(pid: int) -> tuple[float, float]:
+    """Return the RSS and the USS of the runner's process tree, MB.
+
+    The flow-run processes are forked from one pre-imported forkserver, so their RSS
+    counts the pages they share with it again for each; the USS (pages of one process
+    only) is what each adds.
+    """
+    rss = uss = 0
     for process in tree(pid):
         try:
-            total += process.memory_info().rss
+            info = process.memory_full_info()
         except psutil.Error:
             continue
-    return total / 1e6
+        rss, uss = rss + info.rss, uss + info.uss
+    return rss / 1e6, uss / 1e6
 
 
 def cli(args: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -89,14 +100,19 @@ def cli(args: list[str], env: dict[str, str]) -> tuple[float, subprocess.Complet
 
 
 def states(env: dict[str, str], ids: list[str]) -> dict[str, str]:
-    """Return each run's state type (one request per run, over one connection)."""
+    """Return each run's state type: one filter request per 200 runs (the server's page).
+
+    One request per run every half second kept the server half busy by itself.
+    """
     from flows._prefect import _rest as rest
 
-    found = {}
+    found = dict.fromkeys(ids, "NONE")
     with rest.api(env) as client:
-        for flow_run_id in ids:
-            data = client.checked("GET", f"flow_runs/{flow_run_id}")
-            found[flow_run_id] = (data.get("state") or {}).get("type", "NONE")
+        for start in range(0, len(ids), 200):
+            page = ids[start : start + 200]
+            body = {"flow_runs": {"id": {"any_": page}}, "limit": len(page)}
+            for run in client.checked("POST", "flow_runs/filter", body):
+                found[run["id"]] = (run.get("state") or {}).get("type", "NONE")
     return found
 
 
@@ -183,28 +199,45 @@ def median_of(args: list[str], env: dict[str, str], reps: int) -> float:
     return statistics.median(times)
 
 
-def measure(folder: Path, count: int, runner: Any, env: dict[str, str]) -> None:
+def _larger(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return max(a[0], b[0]), max(a[1], b[1])
+
+
+def measure(
+    folder: Path, count: int, runner: Any, env: dict[str, str], task_seconds: float
+) -> None:
     home, log = folder / "home", folder / "runner.log"
-    idle = tree_rss(runner.pid)
+    idle = tree_memory(runner.pid)
     idle_processes = len(tree(runner.pid))
     waiting_names = [f"wait-{i}" for i in range(count // 2)]
     running_names = [f"run-{i}" for i in range(count - count // 2)]
     began = time.perf_counter()
     ids: dict[str, str] = {}
-    for name in [x for pair in zip(waiting_names, running_names, strict=False) for x in pair]:
+    submits = []
+    # The waiting half first: the running half, submitted last, is still running when
+    # the last is in (6 rounds of 1 s had ended before 50 submissions had).
+    for name in [*waiting_names, *running_names]:
         if name.startswith("wait"):
             spec = write_spec(folder, name, 2, BATCH, "approval-policy.toml")
         else:
-            spec = write_spec(folder, name, RUNNING_ROUNDS, BATCH, "policy.toml", SLOW)
+            spec = write_spec(
+                folder, name, RUNNING_ROUNDS, BATCH, "policy.toml", slow(task_seconds)
+            )
+        submitted = time.perf_counter()
         ids[name] = submit(spec, env)
-    print(f"{count} campaigns submitted through the CLI in {time.perf_counter() - began:.0f} s")
+        submits.append(time.perf_counter() - submitted)
+    print(
+        f"{count} campaigns submitted through the CLI in {time.perf_counter() - began:.0f} s "
+        f"(`unattended submit`: median {statistics.median(submits):.2f} s, "
+        f"max {max(submits):.2f} s)   load {load()}"
+    )
     peak, running_seen = idle, 0
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         now = states(env, list(ids.values()))
         running = sum(1 for n in running_names if now[ids[n]] == "RUNNING")
         if running >= running_seen:
-            running_seen, peak = running, max(peak, tree_rss(runner.pid))
+            running_seen, peak = running, _larger(peak, tree_memory(runner.pid))
         if (
             all(now[ids[n]] == "PAUSED" for n in waiting_names)
             and running >= len(running_names) // 2
@@ -219,12 +252,14 @@ def measure(folder: Path, count: int, runner: Any, env: dict[str, str]) -> None:
     submitted_at = time.time()
     ids["one-more"] = submit(extra, env)
     startup = round0_started(home, "one-more") - submitted_at
-    peak = max(peak, tree_rss(runner.pid))
+    peak = _larger(peak, tree_memory(runner.pid))
     print(f"   status {status:.2f} s   approvals {approvals:.2f} s   (goal 0.7 s)")
     print(f"   submit -> round 0 of campaign {count + 1}: {startup:.2f} s   (goal 2 s)")
     print(
-        f"   runner tree RSS: idle {idle:.0f} MB, peak {peak:.0f} MB, "
-        f"{(peak - idle) / max(1, running_seen):.0f} MB per running campaign"
+        f"   runner tree RSS: idle {idle[0]:.0f} MB, peak {peak[0]:.0f} MB, "
+        f"{(peak[0] - idle[0]) / max(1, running_seen):.0f} MB per running campaign; "
+        f"USS: idle {idle[1]:.0f} MB, peak {peak[1]:.0f} MB, "
+        f"{(peak[1] - idle[1]) / max(1, running_seen):.0f} MB per running campaign"
     )
     wait_states(
         env,
@@ -262,6 +297,13 @@ def main() -> int:
         "--database-url",
         help="a PostgreSQL server for Prefect (a fresh database is made on it and dropped)",
     )
+    parser.add_argument(
+        "--task-seconds",
+        type=float,
+        default=30.0,
+        help="each running campaign's simulation sleeps this long: enough that the running "
+        "half is still running when the last campaign is submitted",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     for variable in BLAS_THREADS:
@@ -286,7 +328,7 @@ def main() -> int:
     finished = False
     try:
         wait_for_line(folder / "runner.log", "serving campaign runs")
-        measure(folder, args.campaigns, runner, dict(os.environ))
+        measure(folder, args.campaigns, runner, dict(os.environ), args.task_seconds)
         print(f"load average (1, 5, 15 min) at the end: {load()}")
         finished = True
     finally:
