@@ -17,13 +17,13 @@ if TYPE_CHECKING:
         SpecChanged,
         StorageUnavailable,
     )
-    from flows._provenance._lease import LeaseRow
     from flows._provenance._revisions import HEAD_REVISION
     from flows._provenance._rows import (
         ApprovalEventRecord,
         ApprovalRow,
         CandidateFateRecord,
         Checkpoint,
+        LeaseRow,
         TaskResultRecord,
     )
     from flows._provenance._schema import CampaignStatus
@@ -41,13 +41,13 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "SpecChanged",
             "StorageUnavailable",
         ],
-        "_lease": ["LeaseRow"],
         "_revisions": ["HEAD_REVISION"],
         "_rows": [
             "ApprovalEventRecord",
             "ApprovalRow",
             "CandidateFateRecord",
             "Checkpoint",
+            "LeaseRow",
             "TaskResultRecord",
         ],
         "_schema": ["CampaignStatus"],

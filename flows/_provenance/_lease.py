@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, select, update
 
-from flows._provenance._rows import jsonable, now
+from flows._provenance._rows import LeaseRow, jsonable, now
 from flows._provenance._schema import CampaignEvent, InputPin, table
 from flows._provenance._writes import (
     CAMPAIGNS,
@@ -40,52 +40,6 @@ PINS: Table = table(InputPin)
 def aware(moment: datetime) -> datetime:
     """Return ``moment`` as an aware UTC time (SQLite hands back naive ones)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def process_gone(host: str, pid: int) -> bool:
-    """Return True when ``pid`` on ``host`` is this host's and has exited.
-
-    A killed process whose parent died too stays a zombie until init reaps it: up to
-    2 s under some container inits, for ever under an init that never reaps. A zombie
-    runs nothing and holds nothing, so it counts as gone.
-    """
-    if host != socket.gethostname():
-        return False  # another node: only the expiry can tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    import psutil  # here: most readers of a lease never ask
-
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
-@dataclass(frozen=True)
-class LeaseRow:
-    """Who holds a campaign's lease, and until when."""
-
-    owner: str
-    token: str
-    host: str
-    pid: int
-    heartbeat_at: datetime
-    expires_at: datetime
-    released: bool
-
-    def expired(self, moment: datetime | None = None) -> bool:
-        """Return whether the lease lapsed (or was released) at ``moment``."""
-        return self.released or (moment or now()) >= self.expires_at
-
-    def holder_gone(self) -> bool:
-        """Return whether the holder's process is known to be dead (same host only)."""
-        return process_gone(self.host, self.pid)
 
 
 def _lease_row(connection: Connection, campaign: int) -> LeaseRow | None:

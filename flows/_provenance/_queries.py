@@ -30,6 +30,10 @@ SURROGATE_STATES: Final = (
     "SELECT surrogate_state FROM round WHERE campaign_id = :cid AND round_index <= :last "
     "AND status = 'completed' AND surrogate_state IS NOT NULL ORDER BY round_index"
 )
+LEASE: Final = (
+    "SELECT owner, token, host, pid, heartbeat_at, expires_at, released "
+    "FROM campaign_lease WHERE campaign_id = :cid"
+)
 DECISION_OUTCOMES: Final = (
     "SELECT outcome FROM policy_decision WHERE campaign_id = :cid AND round_index <= :last "
     "ORDER BY round_index, seq"

@@ -21,6 +21,7 @@ from flows._provenance._rows import (
     ApprovalEventRecord,
     ApprovalRow,
     Checkpoint,
+    LeaseRow,
     TaskResultRecord,
     as_dict,
     now,
@@ -39,6 +40,23 @@ def campaign_id(reader: Reader, name: str) -> int | None:
     """Return campaign ``name``'s id, or None."""
     found = reader.scalars(sql.CAMPAIGN_ID, name=name)
     return int(found[0]) if found else None
+
+
+def lease(reader: Reader, name: str) -> LeaseRow | None:
+    """Return who holds campaign ``name``'s lease (None: never taken, or no such campaign)."""
+    cid = campaign_id(reader, name)
+    row = None if cid is None else reader.first(sql.LEASE, cid=cid)
+    if row is None:
+        return None
+    return LeaseRow(
+        str(row["owner"]),
+        str(row["token"]),
+        str(row["host"]),
+        int(row["pid"]),
+        row["heartbeat_at"],
+        row["expires_at"],
+        bool(row["released"]),
+    )
 
 
 def require_campaign(reader: Reader, name: str) -> int:

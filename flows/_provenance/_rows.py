@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import socket
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -227,3 +229,49 @@ def as_dict(record: Any) -> Any:
     if isinstance(record, datetime):
         return utc(record).isoformat()  # type: ignore[union-attr]  # not None here
     return record
+
+
+def process_gone(host: str, pid: int) -> bool:
+    """Return True when ``pid`` on ``host`` is this host's and has exited.
+
+    A killed process whose parent died too stays a zombie until init reaps it: up to
+    2 s under some container inits, for ever under an init that never reaps. A zombie
+    runs nothing and holds nothing, so it counts as gone.
+    """
+    if host != socket.gethostname():
+        return False  # another node: only the expiry can tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    import psutil  # here: most readers of a lease never ask
+
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRow:
+    """Who holds a campaign's lease, and until when."""
+
+    owner: str
+    token: str
+    host: str
+    pid: int
+    heartbeat_at: datetime
+    expires_at: datetime
+    released: bool
+
+    def expired(self, moment: datetime | None = None) -> bool:
+        """Return whether the lease lapsed (or was released) at ``moment``."""
+        return self.released or (moment or now()) >= self.expires_at
+
+    def holder_gone(self) -> bool:
+        """Return whether the holder's process is known to be dead (same host only)."""
+        return process_gone(self.host, self.pid)

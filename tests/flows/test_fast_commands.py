@@ -198,6 +198,60 @@ class TestPrefectCommands:
         assert not rest.read_run(os.environ, UUID(suspended.flow_run_id)).paused
 
 
+@pytest.fixture
+def running(prefect_server, tmp_path: Path) -> Iterator[tuple[Campaign, object]]:
+    """A submitted campaign whose run is Running (forced through the API, no runner).
+
+    Yields the campaign and its store, open for writing, so a test can take the lease
+    for the run as a live flow run does; the run is deleted afterwards.
+    """
+    from flows._paths import campaign_dir
+    from flows._prefect import _rest as rest
+    from flows._prefect._service import submit_campaign
+    from flows._provenance import ProvenanceStore
+
+    for item in EXAMPLES.iterdir():
+        shutil.copy(item, tmp_path / item.name)
+    spec = tmp_path / "campaign.toml"
+    spec.write_text(spec.read_text().replace('name = "demo"', 'name = "fast-running"'))
+    home = tmp_path / "home"
+    submitted = asyncio.run(submit_campaign(spec, state_dir=home))
+    run_id = str(submitted.flow_run_id)
+    body = {"state": {"type": "RUNNING", "name": "Running"}, "force": True}
+    rest.request(os.environ, "POST", f"flow_runs/{run_id}/set_state", body)
+    store = ProvenanceStore.open(campaign_dir(home, "fast-running"))
+    try:
+        yield Campaign(home, "fast-running", run_id), store
+    finally:
+        store.close()
+        rest.request(os.environ, "DELETE", f"flow_runs/{run_id}")
+
+
+class TestRunningRuns:
+    """A running campaign in ``status``: its recovery note, judged by the watchdog's rules."""
+
+    def test_a_run_holding_its_live_lease_is_listed_without_prefect(self, running):
+        campaign, store = running
+        assert store.acquire_lease(campaign.name, campaign.flow_run_id, ttl=600).acquired
+        done, modules = run_command(["status"], campaign.home)
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = done.stdout.splitlines()
+        (at,) = [i for i, x in enumerate(lines) if campaign.flow_run_id in x]
+        assert "Running" in lines[at]
+        # No note under it: nothing recovers a run that holds its lease and is alive.
+        assert not lines[at + 1 :] or not lines[at + 1].startswith("  "), done.stdout
+        assert heavy(modules, NEVER + ENGINE + STORE) == []
+
+    def test_without_the_lease_the_watchdog_s_rules_judge_it(self, running):
+        campaign, store = running
+        assert store.acquire_lease(campaign.name, campaign.flow_run_id, ttl=600).acquired
+        store.release_lease(campaign.name)
+        done, modules = run_command(["status"], campaign.home)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert campaign.flow_run_id in done.stdout
+        assert "prefect" in heavy(modules, NEVER)  # the full judgement (recovery_note_of)
+
+
 class TestProvenanceCommands:
     def test_inspect_reads_the_campaign_without_prefect_the_engine_or_the_store(self, suspended):
         done, modules = run_command(["inspect", suspended.name], suspended.home)

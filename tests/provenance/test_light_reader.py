@@ -145,6 +145,25 @@ class TestSameAnswers:
             assert _everything(light, "demo") == full
             assert light.location.label == str(tmp_path / "c" / "provenance.db")
 
+    def test_the_lease_reads_as_the_store_s_own(self, tmp_path, record_campaign):
+        from flows._provenance._readers import lease
+
+        with ProvenanceStore.open(tmp_path / "c") as store:
+            record_campaign(store, "demo", rounds=1)
+            assert store.acquire_lease("demo", "run-1", ttl=60).acquired
+            held = store.lease("demo")
+            with open_read_only(tmp_path / "c") as light, light.reading() as reader:
+                assert lease(reader, "demo") == held
+                assert lease(reader, "ghost") is None
+            store.release_lease("demo")
+            released = store.lease("demo")
+            with open_read_only(tmp_path / "c") as light, light.reading() as reader:
+                assert lease(reader, "demo") == released
+        assert held is not None
+        assert not held.expired()
+        assert released is not None
+        assert released.expired()
+
     def test_datetimes_come_back_aware_utc_with_the_same_text(self, tmp_path, record_campaign):
         with ProvenanceStore.open(tmp_path / "c") as store:
             record_campaign(store, "demo")

@@ -31,7 +31,7 @@ from crash_harness import (
     wait_until,
 )
 
-from flows._provenance._lease import process_gone
+from flows._provenance._rows import process_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 

@@ -204,7 +204,7 @@ def _launched(database: Path, *, round_index: int) -> bool:
 
 def _wait_flow_run_process_gone(database: Path, timeout: float = 60) -> None:
     """Return once the process holding the campaign's lease (the flow run's) has exited."""
-    from flows._provenance._lease import process_gone
+    from flows._provenance._rows import process_gone
 
     (host, pid) = sqlite_rows(database, "SELECT host, pid FROM campaign_lease")[0]
     deadline = time.monotonic() + timeout
