@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 
 import pytest
 from prefect.client.schemas.objects import FlowRun
-from prefect.states import Cancelled, Crashed, Failed
+from prefect.states import Cancelled, Cancelling, Completed, Crashed, Failed, Pending, Running
 
 from flows._engine._fencing import RecoverySettings
 from flows._prefect import _recovery as recovery
@@ -200,3 +202,68 @@ class TestUnrecorded:
         watchdog.unrecorded["c"] = replace(continuations(store, "c"), count=MAX_CONTINUATIONS)
         _finish_a_task(store)
         assert watchdog._counted_so_far(store, "c").count == 0
+
+
+class _Client:
+    """The one call ``_sweep_one`` makes before it would open a store."""
+
+    def __init__(self, runs: list[FlowRun]) -> None:
+        self.runs = runs
+
+    async def read_flow_runs(self, **_: Any) -> list[FlowRun]:
+        return self.runs
+
+
+class TestSweepOfARunningCampaign:
+    """A campaign whose run a process of this runner executes costs the sweep no store."""
+
+    def _sweep(self, runs: list[FlowRun], alive: set[str]) -> list[str]:
+        registration = SimpleNamespace(parameters={"spec_path": "x"}, deployment_id="d")
+        watchdog = recovery.Watchdog(SETTINGS)
+        sweep = watchdog._sweep_one(
+            _Client(runs), SimpleNamespace(id=uuid4()), registration, datetime.now(UTC), alive
+        )
+        return asyncio.run(sweep)
+
+    def test_a_run_alive_here_leaves_the_spec_and_provenance_closed(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def no_store(_parameters: Any) -> Any:
+            raise AssertionError("the store was opened")
+
+        monkeypatch.setattr(recovery, "campaign_store", no_store)
+        running = _run(Running())
+        assert self._sweep([running, _run(Completed())], {str(running.id)}) == []
+
+    # State classes, not states: a state made at collection would be minutes old by the
+    # time a busy run reaches the test, and an old Running state without a lease is an
+    # orphan (the sweep would then set its state through the client).
+    @pytest.mark.parametrize(
+        "states",
+        [
+            pytest.param([Running], id="running-elsewhere"),
+            pytest.param([Running, Cancelling], id="a-cancelling-run-beside-it"),
+        ],
+    )
+    def test_anything_else_is_judged_with_the_lease(
+        self, states: list[Any], store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        opened: list[Any] = []
+
+        def campaign_store(parameters: Any) -> Any:
+            opened.append(parameters)
+            return "c", _Unclosed(store)
+
+        monkeypatch.setattr(recovery, "campaign_store", campaign_store)
+        runs = [_run(state()) for state in states]
+        # Only the first run is executed here: the Cancelling one has nobody.
+        self._sweep(runs, {str(runs[0].id)} if len(runs) > 1 else set())
+        assert opened == [{"spec_path": "x"}]
+
+    def test_alive_here_only_needs_every_running_or_pending_run_here(self) -> None:
+        running, pending = _run(Running()), _run(Pending())
+        alive = {str(running.id), str(pending.id)}
+        assert recovery._alive_here_only([running, pending, _run(Crashed())], alive)
+        assert not recovery._alive_here_only([running, pending], {str(running.id)})
+        assert not recovery._alive_here_only([_run(Completed())], alive)
+        assert not recovery._alive_here_only([running, _run(Cancelling())], alive)

@@ -91,6 +91,52 @@ class TestNudge:
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)
 
+    @pytest.mark.asyncio
+    async def test_a_submission_is_taken_while_a_sweep_is_still_going(
+        self, prefect_server, tmp_path, monkeypatch
+    ):
+        """A sweep that never ends (fifty campaigns' worth, at the limit) holds no submission.
+
+        Submissions had their turn after the watchdog's sweep in one loop: with fifty
+        campaigns registered the CLI's request waited the sweep out, past the five
+        seconds it gives the runner, and then submitted by itself.
+        """
+        from flows._prefect import _submissions
+        from flows._prefect._nudge import NUDGE_SIGNAL
+        from flows._prefect._service import CampaignService
+
+        # The runner is this test's process, not an `unattended serve` command line.
+        monkeypatch.setattr(
+            _submissions, "nudge_runner", lambda pid: os.kill(pid, NUDGE_SIGNAL) is None
+        )
+        home = tmp_path / "home"
+        service = CampaignService(query_seconds=3600, watch_seconds=3600, state_dir=home)
+        sweeping = asyncio.Event()
+
+        async def endless_sweep(**_: object) -> list[str]:
+            sweeping.set()
+            await asyncio.Event().wait()
+            return []
+
+        service.watchdog.sweep = endless_sweep  # type: ignore[method-assign]
+        serving = asyncio.create_task(service.serve())
+        try:
+            await asyncio.wait_for(sweeping.wait(), 60)
+            while not service.runner.started:  # noqa: ASYNC110  # Prefect's flag, no event
+                await asyncio.sleep(0.05)
+            spec = one_round_demo(tmp_path, "mid-sweep")
+            submitted = await asyncio.to_thread(
+                _submissions.submit_via_runner, spec, None, home, os.getpid()
+            )
+            assert submitted is not None, "the runner did not take the submission"
+            ended = ("COMPLETED", "FAILED", "CRASHED")
+            while await state_of(submitted.flow_run_id) not in ended:  # noqa: ASYNC110  # the API
+                await asyncio.sleep(0.2)
+            assert await state_of(submitted.flow_run_id) == "COMPLETED"
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+
 
 @pytest.fixture(scope="class")
 def serving(prefect_server, tmp_path_factory):
