@@ -140,6 +140,21 @@ def submit(spec: Path, env: dict[str, str]) -> str:
     return found.group(1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """Return the CPU time (user + system) a process has used so far."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def server_pid(env: dict[str, str]) -> int:
+    """Return the Prefect server's pid, from the record the server wrote at its start."""
+    import json
+
+    from flows._prefect._server import SERVER_PID_FILE
+
+    return int(json.loads(Path(env[SERVER_PID_FILE]).read_text())["pid"])
+
+
 def timeline(env: dict[str, str], run_id: str, submitted_at: float) -> str:
     """Return when the run was created and entered Pending and Running, after the submit."""
     from flows._prefect import _rest as rest
@@ -274,6 +289,11 @@ def measure(
     # single figure is luck; the spacing (0.7 s, not a divisor of the 2 s watch) moves
     # the landing point from one to the next.
     startups, steps = [], []
+    # Who is busy meanwhile: the server (one process, its database's only writer) and
+    # the runner's own process (its flow runs apart).
+    busy_pids = {"server": server_pid(env), "runner": runner.pid}
+    busy_before = {who: cpu_seconds(pid) for who, pid in busy_pids.items()}
+    window = time.monotonic()
     for name in extra_names:
         time.sleep(0.7)
         submitted_at = time.time()
@@ -291,8 +311,14 @@ def measure(
         f"time: median {statistics.median(startups):.2f} s, max {max(startups):.2f} s   "
         f"(goal 2 s; each: {' '.join(f'{t:.2f}' for t in startups)})   load {load()}"
     )
+    window = time.monotonic() - window
+    busy = {who: (cpu_seconds(pid) - busy_before[who]) / window for who, pid in busy_pids.items()}
     for step in steps:
         print(f"      {step}")
+    print(
+        f"      meanwhile ({window:.0f} s): the server used {busy['server']:.0%} of a core, "
+        f"the runner's process {busy['runner']:.0%}"
+    )
     print(
         f"   runner tree RSS: idle {idle[0]:.0f} MB, peak {peak[0]:.0f} MB, "
         f"{(peak[0] - idle[0]) / max(1, running_seen):.0f} MB per running campaign; "

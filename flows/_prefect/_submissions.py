@@ -16,11 +16,12 @@ Nothing here imports Prefect.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 from uuid import UUID
@@ -30,12 +31,16 @@ from flows._prefect._nudge import nudge_runner
 from flows._spec import LoadedSpec
 from policies import UnattendedError
 
+_log = logging.getLogger(__name__)
+
 SPOOL: Final = "submissions"
 # How long a request may wait to be taken (the runner wakes within milliseconds when up).
 TAKE_SECONDS: Final = 5.0
 # How long a taken request may take to answer (registering a deployment, creating a run).
 ANSWER_SECONDS: Final = 120.0
 _POLL_SECONDS: Final = 0.02
+# A submission slower than this to be taken, or to be answered, is logged by the runner.
+_SLOW_SECONDS: Final = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class Submitted:
     flow_run_id: UUID
     deployment_id: UUID
     already_active: bool
+    # Where the submission's time went, by step (seconds), for the runner's log.
+    steps: Mapping[str, float] = field(default_factory=dict, compare=False)
 
 
 Submit = Callable[..., Awaitable[Submitted]]
@@ -148,8 +155,13 @@ async def take_submissions(state_dir: Path, submit: Submit) -> int:
             os.rename(request, taken)  # atomic: the request is this runner's now
         except FileNotFoundError:
             continue  # withdrawn, or taken by another runner
+        # The command wrote the request just before it nudged: how long the runner took to
+        # come to it (a busy event loop shows here), then how long submitting took.
+        waited = time.time() - taken.stat().st_mtime
+        began = time.monotonic()
         data = json.loads(taken.read_text(encoding="utf-8"))
         result: dict[str, Any]
+        steps: Mapping[str, float] = {}
         try:
             submitted = await submit(
                 data["spec"],
@@ -162,6 +174,7 @@ async def take_submissions(state_dir: Path, submit: Submit) -> int:
         except Exception as exc:  # noqa: BLE001  # reported to the command, the runner goes on
             result = {"error": f"submitting failed: {type(exc).__name__}", "code": "internal"}
         else:
+            steps = submitted.steps
             result = {
                 "campaign": submitted.campaign,
                 "flow_run_id": str(submitted.flow_run_id),
@@ -170,5 +183,16 @@ async def take_submissions(state_dir: Path, submit: Submit) -> int:
             }
         _write_atomically(folder / f"{name}.answer.json", result)
         taken.unlink(missing_ok=True)
+        took = time.monotonic() - began
+        if waited > _SLOW_SECONDS or took > _SLOW_SECONDS:
+            # Past the command's patience it submits by itself: worth the owner's eye.
+            _log.warning(
+                "runner: slow submission (%s): taken %.2f s after it was made, answered "
+                "in %.2f s (%s)",
+                result.get("campaign") or result.get("code"),
+                waited,
+                took,
+                ", ".join(f"{step} {seconds:.2f} s" for step, seconds in steps.items()),
+            )
         answered += 1
     return answered
