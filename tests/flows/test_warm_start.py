@@ -38,6 +38,14 @@ def flow_run_logs(flow_run_id: UUID) -> list[str]:
         return [row["message"] for row in client.checked("POST", "logs/filter", body)]
 
 
+async def final_state(flow_run_id: UUID) -> str:
+    """Wait for the run to end (the test's timeout bounds it); return its state."""
+    ended = ("COMPLETED", "FAILED", "CRASHED")
+    while (state := await state_of(flow_run_id)) not in ended:  # noqa: ASYNC110  # the API
+        await asyncio.sleep(0.2)
+    return state
+
+
 async def state_of(flow_run_id: UUID) -> str:
     from flows._prefect._service import read_run
 
@@ -83,10 +91,7 @@ class TestNudge:
             spec = one_round_demo(tmp_path, "nudged")
             submitted = await submit_campaign(spec, state_dir=tmp_path / "home")
             os.kill(os.getpid(), NUDGE_SIGNAL)
-            ended = ("COMPLETED", "FAILED", "CRASHED")
-            while await state_of(submitted.flow_run_id) not in ended:  # noqa: ASYNC110  # the API
-                await asyncio.sleep(0.2)
-            assert await state_of(submitted.flow_run_id) == "COMPLETED"
+            assert await final_state(submitted.flow_run_id) == "COMPLETED"
         finally:
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)
@@ -129,10 +134,7 @@ class TestNudge:
                 _submissions.submit_via_runner, spec, None, home, os.getpid()
             )
             assert submitted is not None, "the runner did not take the submission"
-            ended = ("COMPLETED", "FAILED", "CRASHED")
-            while await state_of(submitted.flow_run_id) not in ended:  # noqa: ASYNC110  # the API
-                await asyncio.sleep(0.2)
-            assert await state_of(submitted.flow_run_id) == "COMPLETED"
+            assert await final_state(submitted.flow_run_id) == "COMPLETED"
         finally:
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)
