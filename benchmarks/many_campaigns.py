@@ -284,10 +284,10 @@ def measure(
     print(f"in flight: {running_seen} running, {waiting_now} waiting   load {load()}")
     status = median_of(["status"], env, 5)
     approvals = median_of(["approvals"], env, 5)
-    # One at a time, each once the one before has started: one submission lands wherever
-    # the runner's watch happens to be (a sweep of fifty campaigns takes seconds), so a
-    # single figure is luck; the spacing (0.7 s, not a divisor of the 2 s watch) moves
-    # the landing point from one to the next.
+    # One at a time, each once the one before has started: one submission meets whatever
+    # the server and the runner are doing at that moment (measured: 1.7 s once, 6-8 s
+    # another time), so a single figure is luck; the spacing (0.7 s, not a divisor of the
+    # 2 s watch) moves the landing point from one to the next.
     startups, steps = [], []
     # Who is busy meanwhile: the server (one process, its database's only writer) and
     # the runner's own process (its flow runs apart).

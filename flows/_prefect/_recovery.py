@@ -381,7 +381,7 @@ class Watchdog:
         if not registered:
             return done
         # Read once a sweep, not once a running campaign: it reads the environment of
-        # every process under the runner (a few hundred with fifty campaigns running).
+        # every process under the runner.
         alive = flow_runs_alive_here()
         async with get_client() as client:
             deployments = await client.read_deployments(
@@ -426,8 +426,8 @@ class Watchdog:
         if _alive_here_only(runs, alive):
             # Every run that could be an orphan is executed by a process of this runner:
             # none is (orphan_reason), none is Cancelling, and one is active, so nothing
-            # below would act. Its spec and provenance stay closed (they cost the sweep
-            # 0.1 s a running campaign, every few seconds).
+            # below would act. Its spec and provenance stay closed: a sweep every few
+            # seconds does not open them for every running campaign.
             return []
         name, store = campaign_store(registration.parameters)
         done = []

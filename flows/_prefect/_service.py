@@ -340,9 +340,9 @@ class CampaignService:
         await self.sync_deployments()
 
         async def intake() -> None:
-            # Submissions and approvals' nudges, on their own: a submission starts within
-            # one campaign's judgement of a sweep in progress (the watchdog's lock), not
-            # after the whole sweep (3-4 s with fifty campaigns registered).
+            # Submissions and approvals' nudges, on their own: a submission waits at most
+            # for one campaign's judgement of a sweep in progress (the watchdog's lock),
+            # never for the whole sweep, which grows with the campaigns registered.
             nudged = True  # the first pass takes the submissions waiting already
             while not self.runner.stopping:
                 try:
