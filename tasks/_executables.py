@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tasks import _child_watcher
 from tasks._results import STDERR_TAIL_CHARS, ExecutableTask
 
 
@@ -142,6 +143,7 @@ async def run_executable(
 
     A timeout ends the whole process group; so does cancelling the caller.
     """
+    _child_watcher.install()  # a pidfd on this loop per child, not a thread (Python 3.11)
     started = time.perf_counter()
     spawn = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
