@@ -13,7 +13,11 @@ bounds:
 
 Each pick is "believed" at its posterior mean (the kriging believer): that
 leaves the mean unchanged and only shrinks the variance, so one pick costs one
-rank-1 update of the pool's variances instead of a refit.
+rank-1 update of the pool's variances instead of a refit. Shrinking variances
+and a falling best value only make scores worse, so each pick rescores just the
+pool points whose last score could still beat the best current one (the picks
+are the same as rescoring the whole pool; a batch of 64 from 64 observations in
+3-D took 23 ms, now 10 ms).
 
 A basin can trap the batch: once the model is sure of a local minimum, every
 believed pick lands next to it (a believed pick barely lowers the expected
@@ -31,14 +35,16 @@ over 100 seeds; docs/benchmarks.md has the variants measured.)
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from tasks._gp import Posterior, matern52
+from tasks._gp import Posterior, matern52_unit
 from tasks._proposal import DISTINCT_DIGITS
 from tasks._surrogate_model import SurrogateModel
 
@@ -61,6 +67,8 @@ _REFINED = 8
 _CLUSTER_RADIUS = 0.05
 _ESCAPE_DISTANCE = 1.0
 _ESCAPE_KAPPA = 1.0
+# Pool points rescored at once when a pick's scores are brought up to date.
+_RESCORE_BLOCK = 64
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 _erfc = np.frompyfunc(math.erfc, 1, 1)
 
@@ -199,15 +207,24 @@ def believer_batch(
     chosen: list[int] = []
     taken = set(taken)
     escape: npt.NDArray[np.bool_] | None = None
+    # Scores only get worse as picks are believed (std shrinks, the best value falls), so
+    # last pick's scores are lower bounds: each pick rescores only the points that could
+    # still win (``_lazy_argmin``), not the whole pool. Unavailable points score inf.
+    bounds = np.where(available, score(mean, _std(posterior, left), best), np.inf)
+    current = np.ones(len(pool), dtype=bool)  # which bounds are this pick's exact scores
+    unit_pool = scaled_pool / posterior.lengths  # the pool in length scales, divided once
+    unit_norms = (unit_pool * unit_pool).sum(1)
     while len(chosen) < count and available.any():
-        std = np.sqrt(posterior.variance * np.clip(left, 1e-12, None))
-        scores = np.where(available, score(mean, std, best), np.inf)
+        index = _lazy_argmin(
+            bounds, current, functools.partial(_scores_at, score, mean, left, best, posterior)
+        )
         if escape is None and count > 1 and len(chosen) == count - 1:
-            escape = escape_region(scaled_pool / posterior.lengths, chosen, int(np.argmin(scores)))
+            escape = escape_region(unit_pool, chosen, index)
         if escape is not None and (escape & available).any():
-            scores = np.where(escape & available, mean - _ESCAPE_KAPPA * std, np.inf)
-        index = int(np.argmin(scores))
+            std = _std(posterior, left)
+            index = int(np.argmin(np.where(escape & available, mean - _ESCAPE_KAPPA * std, np.inf)))
         available[index] = False
+        bounds[index] = np.inf
         key = point_key(pool[index])
         if key in taken:
             continue
@@ -216,14 +233,56 @@ def believer_batch(
         done = len(chosen)
         column = np.concatenate([rows[:, index], believed[:done, index]])
         pivot = math.sqrt(max(posterior.diagonal - float(column @ column), 1e-12))
-        link = matern52(scaled_pool, scaled_pool[index : index + 1], posterior.lengths)[:, 0]
+        at = slice(index, index + 1)
+        link = matern52_unit(unit_pool, unit_norms, unit_pool[at], unit_norms[at])[:, 0]
         row = (link - rows[:, index] @ rows - believed[:done, index] @ believed[:done]) / pivot
         believed[done] = row
         left = left - row * row
         best = min(best, float(mean[index]))
+        current[:] = False
         chosen.append(index)
     picked: Array = pool[chosen]
     return picked
+
+
+def _scores_at(
+    score: Scorer, mean: Array, left: Array, best: float, posterior: Posterior, at: Array
+) -> Array:
+    """Return the scores of the pool points ``at`` (indices)."""
+    scores: Array = score(mean[at], _std(posterior, left[at]), best)
+    return scores
+
+
+def _std(posterior: Posterior, left: Array) -> Array:
+    """Return the posterior standard deviation from the variance ratio left (clipped)."""
+    std: Array = np.sqrt(posterior.variance * np.clip(left, 1e-12, None))
+    return std
+
+
+def _lazy_argmin(
+    bounds: Array, current: npt.NDArray[np.bool_], rescore: Callable[[Array], Array]
+) -> int:
+    """Return the index of the lowest score, rescoring only points that could be it.
+
+    ``bounds`` holds lower bounds of the scores (exact where ``current``); ``rescore``
+    returns the exact scores of the given indices. Both arrays are updated in place.
+    Once every point whose bound is at or below the lowest exact score is exact, no other
+    point can be lower (or tie at a lower index), so the answer is ``np.argmin`` of the
+    exact scores: the same pick as rescoring the whole pool. Points are rescored
+    ``_RESCORE_BLOCK`` lowest bounds at a time: one at a time costs more in calls than it
+    saves when a pick's neighbours (all near the best) wait in line.
+    """
+    while True:
+        lowest = int(np.argmin(bounds))
+        needed = np.flatnonzero((bounds <= bounds[lowest]) & ~current)
+        if not len(needed):
+            return lowest
+        stale = np.flatnonzero(~current)
+        if len(stale) > _RESCORE_BLOCK:
+            block = stale[np.argpartition(bounds[stale], _RESCORE_BLOCK)[:_RESCORE_BLOCK]]
+            stale = np.union1d(block, needed)
+        bounds[stale] = rescore(stale)
+        current[stale] = True
 
 
 def escape_region(unit_pool: Array, chosen: list[int], next_pick: int) -> npt.NDArray[np.bool_]:

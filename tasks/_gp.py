@@ -50,8 +50,16 @@ def matern52(a: Array, b: Array, lengths: Array) -> Array:
     """Return the Matérn 5/2 correlation between the rows of ``a`` and ``b``."""
     a = a / lengths
     b = b / lengths
+    return matern52_unit(a, (a * a).sum(1), b, (b * b).sum(1))
+
+
+def matern52_unit(a: Array, a_norms: Array, b: Array, b_norms: Array) -> Array:
+    """Return ``matern52`` for rows already divided by the lengths, with their squared norms.
+
+    A caller correlating one pool with many single points divides it once.
+    """
     # In place where it can be: this is most of a proposal's arithmetic.
-    squared = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :]
+    squared = a_norms[:, None] + b_norms[None, :]
     squared -= 2.0 * (a @ b.T)
     np.maximum(squared, 0.0, out=squared)
     scaled_distance = np.sqrt(squared)

@@ -13,7 +13,7 @@ import pytest
 import tasks._acquisition
 from tasks import Bounds, GaussianProcess, planner_checks
 from tasks._acquisition import Scorer, believer_batch, escape_region
-from tasks._gp import Hyperparameters, Posterior, _negative_log_posterior, minimise
+from tasks._gp import Hyperparameters, Posterior, _negative_log_posterior, matern52, minimise
 from tasks._surrogate_model import fit_basis
 from tasks.demo import minimiser, objective
 
@@ -308,6 +308,25 @@ class TestPropose:
             values = np.append(values, mean[index])
         assert fast.tolist() == chosen
 
+    @pytest.mark.parametrize("case", range(12))
+    def test_rescoring_only_what_could_win_picks_what_rescoring_everything_picks(
+        self, case: int
+    ) -> None:
+        """Each pick rescores a few pool points (scores only get worse); the picks are the
+        ones a loop that rescores the whole pool after every pick makes."""
+        rng = np.random.default_rng(case)
+        dim, count = (1, 2, 3, 6)[case % 4], (1, 2, 8, 64)[case // 3 % 4]
+        x = rng.random((int(rng.integers(4, 90)), dim))
+        y = np.sin(4 * x).sum(1) + ((x - 0.3) ** 2).sum(1)
+        y = (y - y.mean()) / y.std()
+        hyper = Hyperparameters(rng.uniform(0.1, 0.6, dim), 1e-4)
+        posterior = Posterior(x, y, hyper, 1e-6)
+        pool = np.vstack([rng.random((400, dim)), x[0] + rng.normal(0, 0.01, (400, dim))])
+        score = Scorer("lcb" if case % 2 else "ei", 2.0)
+        taken = {tasks._acquisition.point_key(p) for p in pool[::97]}  # some already observed
+        fast = believer_batch(posterior, pool, pool, posterior.cross(pool), count, score, taken)
+        assert fast.tolist() == _rescore_everything(posterior, pool, count, score, taken)
+
     def test_a_basin_that_holds_the_batch_lets_its_last_pick_escape(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -537,3 +556,40 @@ class TestState:
         state["values"][0] = math.nan
         with pytest.raises(ValueError, match=r"state\.values"):
             GaussianProcess.from_state(state)
+
+
+def _rescore_everything(
+    posterior: Posterior, pool: Any, count: int, score: Scorer, taken: set[Any]
+) -> list[list[float]]:
+    """The believer batch as it was first written: every pick rescores the whole pool."""
+    cross = posterior.cross(pool)
+    mean = cross.T @ posterior.alpha
+    rows = posterior.whitened(cross)
+    left = 1.0 - np.einsum("ij,ij->j", rows, rows)
+    best, believed = posterior.best, np.empty((count, len(pool)))
+    available, chosen, taken = np.ones(len(pool), dtype=bool), [], set(taken)
+    escape = None
+    unit = pool / posterior.lengths
+    while len(chosen) < count and available.any():
+        std = np.sqrt(posterior.variance * np.clip(left, 1e-12, None))
+        scores = np.where(available, score(mean, std, best), np.inf)
+        if escape is None and count > 1 and len(chosen) == count - 1:
+            escape = escape_region(unit, chosen, int(np.argmin(scores)))
+        if escape is not None and (escape & available).any():
+            scores = np.where(escape & available, mean - 1.0 * std, np.inf)
+        index = int(np.argmin(scores))
+        available[index] = False
+        key = tasks._acquisition.point_key(pool[index])
+        if key in taken:
+            continue
+        taken.add(key)
+        done = len(chosen)
+        column = np.concatenate([rows[:, index], believed[:done, index]])
+        pivot = math.sqrt(max(posterior.diagonal - float(column @ column), 1e-12))
+        link = matern52(pool, pool[index : index + 1], posterior.lengths)[:, 0]
+        row = (link - rows[:, index] @ rows - believed[:done, index] @ believed[:done]) / pivot
+        believed[done] = row
+        left = left - row * row
+        best = min(best, float(mean[index]))
+        chosen.append(index)
+    return [pool[i].tolist() for i in chosen]
