@@ -50,6 +50,7 @@ from tasks._surrogate_model import SurrogateModel
 
 Array = npt.NDArray[np.float64]
 Acquisition = Literal["ei", "lcb"]
+Indices = npt.NDArray[np.intp]
 
 # Perturbation scales around the best observed points, as fractions of the box.
 _ANCHOR_SCALES = (0.2, 0.05, 0.0125)
@@ -246,7 +247,7 @@ def believer_batch(
 
 
 def _scores_at(
-    score: Scorer, mean: Array, left: Array, best: float, posterior: Posterior, at: Array
+    score: Scorer, mean: Array, left: Array, best: float, posterior: Posterior, at: Indices
 ) -> Array:
     """Return the scores of the pool points ``at`` (indices)."""
     scores: Array = score(mean[at], _std(posterior, left[at]), best)
@@ -260,7 +261,7 @@ def _std(posterior: Posterior, left: Array) -> Array:
 
 
 def _lazy_argmin(
-    bounds: Array, current: npt.NDArray[np.bool_], rescore: Callable[[Array], Array]
+    bounds: Array, current: npt.NDArray[np.bool_], rescore: Callable[[Indices], Array]
 ) -> int:
     """Return the index of the lowest score, rescoring only points that could be it.
 

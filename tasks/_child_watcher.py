@@ -62,7 +62,9 @@ class RunningLoopPidfdWatcher(asyncio.AbstractChildWatcher):
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
         return None  # every child is watched on the loop that spawned it
 
-    def add_child_handler(self, pid: int, callback: Callback, *args: Any) -> None:
+    def add_child_handler(  # type: ignore[override]  # typeshed types *args with a TypeVarTuple
+        self, pid: int, callback: Callback, *args: Any
+    ) -> None:
         loop = asyncio.get_running_loop()
         known = self._children.get(pid)
         if known is not None:  # asyncio's contract: a second handler replaces the first

@@ -93,7 +93,9 @@ def test_children_exit_codes_and_output_arrive_without_a_thread_per_child() -> N
     assert found["main"] == expected(0)
     assert found["threads"] == {"t1": expected(1), "t2": expected(2)}
     timed_out, exit_code = found["killed"]
-    assert timed_out is True and exit_code is not None and exit_code < 0
+    assert timed_out is True
+    assert exit_code is not None
+    assert exit_code < 0
     if sys.version_info < (3, 12):
         assert found["watcher"] == "RunningLoopPidfdWatcher"
     # asyncio's ThreadedChildWatcher names its threads waitpid-N: none was ever started.
