@@ -4,19 +4,27 @@ Measured side by side in one run, against one real Prefect server (SQLite, a fre
 127.0.0.1 port, a temporary state dir), one real ``unattended serve`` runner with
 default settings and one plain Prefect runner (``flow.serve``) running throughout.
 The same campaign (R rounds x 64 candidates, 3 dimensions, a near-zero-cost ``awk``
-simulation reading the candidate on stdin) runs three ways, the order rotated each
+simulation reading the candidate on stdin) runs four ways, the order rotated each
 repetition so load drifts hit all alike:
 
 (a) ``CampaignEngine.run()`` called directly: no Prefect (surrogate planner, a
     3-rule policy, no verifier; provenance recorded);
 (b) the same campaign through ``submit_campaign`` (and the runner's nudge, as
     ``unattended submit`` sends it) -> deployment -> runner -> ``campaign_flow``;
-(c) a plain Prefect flow doing the same rounds and simulations
-    (``campaign_data/plain_flow.py``: random candidates, one task per round, no
-    gate, policy or provenance), served by Prefect's own runner polling as often as
-    ours (``PREFECT_RUNNER_POLL_FREQUENCY`` = ``RUNNER_QUERY_SECONDS``, 1 s; Prefect's
-    default is 10 s). Ours is also woken by ``submit``; the plain one finds a run at
-    its next poll, half a poll later on average: that difference is ours to claim.
+(c) a plain Prefect flow doing the same work like for like
+    (``campaign_data/plain_flow.py``, ``plain_planned_rounds``): the same planner (one
+    surrogate proposal a round), the same task layout (three tasks a round), the same
+    child-exit watcher; no gate, fallback, policy, provenance or checkpoint;
+(d) the simplest plain flow (``plain_rounds``): random candidates, one task a round.
+
+Both plain flows are served by Prefect's own runner polling as often as ours
+(``PREFECT_RUNNER_POLL_FREQUENCY`` = ``RUNNER_QUERY_SECONDS``, 1 s; Prefect's default is
+10 s). Ours is also woken by ``submit``; a plain run is found at the next poll, half a
+poll later on average: that difference is ours to claim.
+
+Each round splits into the batch (launched -> last result: the simulations, the
+science; from the provenance's batch record, or the plain flow's own stamps) and the
+rest (non-science: planning, the gate, policies, records, Prefect's task runs).
 
 Reported apart, as medians with the load average: start-up (submit -> round 0
 started), the cost per round (round start -> checkpoint), and the end (last round
@@ -114,14 +122,22 @@ def stamp(moment: Any) -> float:
 
 
 def rounds_of(home: Path, name: str) -> list[dict[str, Any]]:
+    """Return the campaign's rounds from its provenance, each with its batch's ``science``.
+
+    ``science`` is the batch's span (launched -> finished, in seconds): the simulations.
+    """
     from flows._paths import campaign_dir
     from flows._provenance import ProvenanceStore
 
     with ProvenanceStore.open(campaign_dir(home, name), read_only=True) as store:
         summary = store.summary(name)
-    if summary["campaign"]["status"] != "completed":
-        raise SystemExit(f"campaign {name} ended {summary['campaign']['status']}")
-    return list(summary["rounds"])
+        if summary["campaign"]["status"] != "completed":
+            raise SystemExit(f"campaign {name} ended {summary['campaign']['status']}")
+        rounds = [dict(r) for r in summary["rounds"]]
+        for row in rounds:
+            batch = store.round_view(name, row["index"])["batches"][-1]
+            row["science"] = stamp(batch["finished_at"]) - stamp(batch["launched_at"])
+    return rounds
 
 
 # -- (a) the engine, no Prefect ---------------------------------------------------
@@ -185,7 +201,15 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
     total = time.perf_counter() - began
     if result.status != "completed":
         raise SystemExit(f"direct campaign {name} ended {result.status} ({result.error_code})")
-    return {"total": total, "per_round": statistics.median(round_seconds)}
+    science = [r["science"] for r in rounds_of(home, name)]
+    return {
+        "total": total,
+        "per_round": statistics.median(round_seconds),
+        "science": statistics.median(science),
+        "non_science": statistics.median(
+            t - s for t, s in zip(round_seconds, science, strict=True)
+        ),
+    }
 
 
 # -- (b) the Prefect flow ---------------------------------------------------------
@@ -254,22 +278,28 @@ async def flow_seconds(spec: Path, home: Path, log: Path) -> dict[str, Any]:
         "per_round": statistics.median(
             stamp(r["finished_at"]) - stamp(r["started_at"]) for r in rounds
         ),
+        "science": statistics.median(r["science"] for r in rounds),
+        "non_science": statistics.median(
+            stamp(r["finished_at"]) - stamp(r["started_at"]) - r["science"] for r in rounds
+        ),
     }
 
 
 # -- (c) a plain Prefect flow ------------------------------------------------------
 
 
-async def plain_seconds(folder: Path, rep: int, rounds: int, batch: int) -> dict[str, Any]:
-    """Run the plain flow's deployment; return its timings from its own records."""
+async def plain_seconds(
+    folder: Path, rep: int, rounds: int, batch: int, deployment: str
+) -> dict[str, Any]:
+    """Run a plain flow's deployment; return its timings from its own records."""
     import json
 
     from prefect.deployments import run_deployment
 
-    timings = folder / f"plain-{rep}.jsonl"
+    timings = folder / f"{deployment.replace('/', '-')}-{rep}.jsonl"
     submitted_at = time.time()
     flow_run = await run_deployment(  # type: ignore[misc]
-        "plain-rounds/plain",
+        deployment,
         parameters={"timings": str(timings), "rounds": rounds, "batch": batch},
         timeout=0,
     )
@@ -285,6 +315,10 @@ async def plain_seconds(folder: Path, rep: int, rounds: int, batch: int) -> dict
         "rounds": last - first,
         "after": ended - last,
         "per_round": statistics.median(r["finished"] - r["started"] for r in rows),
+        "science": statistics.median(r["landed"] - r["launched"] for r in rows),
+        "non_science": statistics.median(
+            r["finished"] - r["started"] - (r["landed"] - r["launched"]) for r in rows
+        ),
     }
 
 
@@ -293,9 +327,12 @@ async def plain_seconds(folder: Path, rep: int, rounds: int, batch: int) -> dict
 
 RUNNER_PID = [0]  # our runner's pid, for the nudge
 PLAIN_RUNNER = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from plain_flow import plain_rounds; "
-    "plain_rounds.serve(name='plain', limit=None)"
+    "import sys; sys.path.insert(0, sys.argv[1]); from prefect import serve; "
+    "from plain_flow import plain_planned_rounds, plain_rounds; "
+    "serve(plain_rounds.to_deployment(name='plain'), "
+    "plain_planned_rounds.to_deployment(name='planned'), limit=None)"
 )
+PLAIN_DEPLOYMENTS = {"plain": "plain-rounds/plain", "planned": "plain-planned-rounds/planned"}
 
 
 def start_process(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -352,7 +389,7 @@ def serve_ours(
     return config, runner
 
 
-SIDES = ("direct", "flow", "plain")
+SIDES = ("direct", "flow", "planned", "plain")
 
 
 async def measure(folder: Path, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
@@ -361,9 +398,11 @@ async def measure(folder: Path, args: argparse.Namespace) -> dict[str, list[dict
     # Warm the server and both runners with one run each, not measured.
     spec = write_spec(folder, "bench-warm", 2, 8, "policy.toml")
     await flow_seconds(spec, folder / "home", folder / "runner.log")
-    await plain_seconds(folder, -1, 2, 8)
+    for deployment in PLAIN_DEPLOYMENTS.values():
+        await plain_seconds(folder, -1, 2, 8, deployment)
     for rep in range(args.reps):
-        order = SIDES[rep % 3 :] + SIDES[: rep % 3]  # rotate who goes first
+        turn = rep % len(SIDES)
+        order = SIDES[turn:] + SIDES[:turn]  # rotate who goes first
         for side in order:
             spec = write_spec(folder, f"bench-{side}-{rep}", rounds, batch, "policy.toml")
             if side == "direct":
@@ -371,7 +410,8 @@ async def measure(folder: Path, args: argparse.Namespace) -> dict[str, list[dict
             elif side == "flow":
                 found[side].append(await flow_seconds(spec, folder / "home", folder / "runner.log"))
             else:
-                found[side].append(await plain_seconds(folder, rep, rounds, batch))
+                deployment = PLAIN_DEPLOYMENTS[side]
+                found[side].append(await plain_seconds(folder, rep, rounds, batch, deployment))
         print(
             f"rep {rep}: "
             + "; ".join(f"{side} total {found[side][-1]['total']:.2f}" for side in SIDES),
@@ -386,36 +426,37 @@ def print_table(found: dict[str, list[dict[str, Any]]]) -> None:
         values = [r[key] for r in found[side] if key in r]
         return statistics.median(values) if values else float("nan")
 
-    print(f"   {'seconds':44} {'(a) engine':>11} {'(b) our flow':>13} {'(c) plain':>10}")
+    heads = ("(a) engine", "(b) our flow", "(c) plain, same", "(d) plain, random")
+    print(f"   {'seconds':44} " + " ".join(f"{h:>17}" for h in heads))
     rows = (
         ("start-up: submit -> round 0 started", "startup"),
         ("per round (median round)", "per_round"),
+        ("  of which the batch (the simulations)", "science"),
+        ("  of which the rest (non-science)", "non_science"),
         ("round 0 start -> last round checkpoint", "rounds"),
         ("end: last round -> flow run COMPLETED", "after"),
         ("total (submit -> COMPLETED; (a): rounds)", "total"),
     )
     for label, key in rows:
-        cells = [med(side, key) for side in SIDES]
-        print(
-            f"   {label:44} "
-            + " ".join(
-                f"{c:>11.3f}" if i == 0 else f"{c:>13.3f}" if i == 1 else f"{c:>10.3f}"
-                for i, c in enumerate(cells)
-            )
-        )
+        print(f"   {label:44} " + " ".join(f"{med(side, key):>17.3f}" for side in SIDES))
     print(
         f"       of (b)'s start-up: submit call {med('flow', 'submit_call'):.2f}, "
         f"-> PENDING {med('flow', 'pickup'):.2f}, -> RUNNING {med('flow', 'running'):.2f}"
     )
+    print("   (c): the same planner (one proposal a round) and task layout (3 tasks a round);")
+    print("   (d): random candidates, one task a round. Both plain: no gate, fallback, policy,")
+    print("   provenance or checkpoint.")
 
-    def ratio(key: str, other: str = "plain") -> float:
+    def ratio(key: str, other: str) -> float:
         return med("flow", key) / med(other, key)
 
-    print(
-        f"   our flow / plain Prefect: start-up x{ratio('startup'):.2f}, "
-        f"per round x{ratio('per_round'):.2f}, end x{ratio('after'):.2f}, "
-        f"total x{ratio('total'):.2f}"
-    )
+    for other, name in (("planned", "(c) like for like"), ("plain", "(d) random, 1 task")):
+        print(
+            f"   our flow / {name}: non-science per round x{ratio('non_science', other):.2f} "
+            f"({(med('flow', 'non_science') - med(other, 'non_science')) * 1e3:+.0f} ms), "
+            f"per round x{ratio('per_round', other):.2f}, start-up x{ratio('startup', other):.2f}, "
+            f"end x{ratio('after', other):.2f}, total x{ratio('total', other):.2f}"
+        )
     added = (med("flow", "per_round") - med("direct", "per_round")) * 1e3
     print(
         f"   our flow / engine alone, per round: x{ratio('per_round', 'direct'):.2f} "
@@ -452,7 +493,7 @@ def main() -> int:
     )
     try:
         wait_for_line(folder / "runner.log", "serving campaign runs")
-        wait_for_line(folder / "plain-runner.log", "plain-rounds/plain")
+        wait_for_line(folder / "plain-runner.log", "plain-planned-rounds/planned")
         print_table(asyncio.run(measure(folder, args)))
         print(f"load average (1, 5, 15 min) at the end: {load()}")
     finally:
