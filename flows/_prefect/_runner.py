@@ -119,6 +119,27 @@ async def adeploy_flow(
     return deployment_id
 
 
+def serve_existing(runner: Runner, deployment_id: UUID, name: str, flow: Flow[Any, Any]) -> bool:
+    """Serve a deployment that exists on the server without writing it again; False if not.
+
+    ``Runner.aadd_flow`` applies the deployment (a write to the server) before serving
+    it. A campaign's deployment was applied by its submission and read back by id; one
+    more write per campaign is the server's single SQLite writer kept busy for nothing
+    (a runner starting with two hundred campaigns wrote all two hundred). This records
+    the deployment and its flow in the runner's registry, as ``aadd_deployment`` does
+    after its write (Prefect 3.9's ``DeploymentRegistry``, a private part of the
+    runner); False when the runner has none, and the caller adds the flow Prefect's way.
+    """
+    from prefect.runner._deployment_registry import DeploymentRegistry
+
+    registry = getattr(runner, "_deployment_registry", None)
+    if not isinstance(registry, DeploymentRegistry):
+        return False
+    registry.register_deployment(deployment_id, name)
+    registry.register_flow(deployment_id, flow)
+    return True
+
+
 async def adrive_once(runner: Runner) -> None:
     """Submit every run that is due now and return when those runs have exited.
 

@@ -65,6 +65,7 @@ from flows._prefect._runner import (
     PollSoon,
     make_runner,
     poll_now,
+    serve_existing,
     until_released,
     wake_on_events,
 )
@@ -240,7 +241,8 @@ class CampaignService:
         deployments registered in its own state directory (``flows._engine._registration``),
         with the parameters registered there, never the server's copy: it never runs
         another user's campaign under its own uid, and its start does not grow with
-        everybody's deployments (each one served is a write to the server).
+        everybody's deployments. Serving one writes nothing (``serve_existing``): the
+        submission applied it, and one read by id finds them all.
         """
         wanted = {
             UUID(r.deployment_id): r
@@ -256,6 +258,13 @@ class CampaignService:
         added = 0
         for deployment in deployments:
             registration = wanted[deployment.id]
+            served = serve_existing(
+                self.runner, deployment.id, registration.deployment_name, campaign_flow
+            )
+            if served:
+                self._served.add(deployment.id)
+                added += 1
+                continue
             await self.runner.aadd_flow(
                 campaign_flow,
                 name=registration.deployment_name,

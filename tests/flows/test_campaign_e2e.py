@@ -97,10 +97,21 @@ class TestRunnerServesItsOwnStateDirectory:
                 entrypoint_type=EntrypointType.MODULE_PATH,
             )
             by_hand.append(await deployment.apply())
+        from prefect.client.orchestration import get_client
+
+        async with get_client() as client:
+            before = await client.read_deployment(submitted.deployment_id)
         service = CampaignService(query_seconds=0.5, state_dir=ours)
         assert await service.sync_deployments() == 1
         assert service._served == {submitted.deployment_id}
+        assert service.runner._deployment_registry.get_deployment_ids() == {
+            submitted.deployment_id
+        }
         assert await service.sync_deployments() == 0
+        # Served without writing it again: the submission's deployment is the server's.
+        async with get_client() as client:
+            after = await client.read_deployment(submitted.deployment_id)
+        assert after.updated == before.updated
 
     async def test_two_state_directories_may_use_one_campaign_name(self, prefect_server, tmp_path):
         """Alice's and Bob's "twins" are two campaigns: each runs under its own runner only."""
