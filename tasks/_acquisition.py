@@ -275,13 +275,13 @@ def _lazy_argmin(
     """
     while True:
         lowest = int(np.argmin(bounds))
-        needed = np.flatnonzero((bounds <= bounds[lowest]) & ~current)
-        if not len(needed):
+        needed = (bounds <= bounds[lowest]) & ~current
+        if not needed.any():
             return lowest
         stale = np.flatnonzero(~current)
         if len(stale) > _RESCORE_BLOCK:
-            block = stale[np.argpartition(bounds[stale], _RESCORE_BLOCK)[:_RESCORE_BLOCK]]
-            stale = np.union1d(block, needed)
+            needed[stale[np.argpartition(bounds[stale], _RESCORE_BLOCK)[:_RESCORE_BLOCK]]] = True
+            stale = np.flatnonzero(needed)
         bounds[stale] = rescore(stale)
         current[stale] = True
 
