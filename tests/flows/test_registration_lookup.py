@@ -26,6 +26,11 @@ def register(home: Path, campaign: str, deployment: str) -> Registration:
     return registration
 
 
+def campaign_of(home: Path, deployment: str) -> str | None:
+    found = registration_for(home, deployment)
+    return None if found is None else found.campaign
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     for index in range(30):
@@ -35,36 +40,30 @@ def home(tmp_path: Path) -> Path:
 
 def test_each_deployment_finds_its_own_registration_and_a_stranger_none(home: Path) -> None:
     for index in (7, 3, 29, 7):
-        found = registration_for(home, f"dep-{index:02d}")
-        assert found is not None
-        assert found.campaign == f"c{index:02d}"
-    assert registration_for(home, "dep-stranger") is None
+        assert campaign_of(home, f"dep-{index:02d}") == f"c{index:02d}"
+    assert campaign_of(home, "dep-stranger") is None
 
 
 def test_a_resubmitted_campaign_answers_for_its_new_deployment_only(home: Path) -> None:
-    assert registration_for(home, "dep-05") is not None  # remembered where it is
+    assert campaign_of(home, "dep-05") == "c05"  # remembered where it is
     register(home, "c05", "dep-05b")
-    assert registration_for(home, "dep-05") is None
-    found = registration_for(home, "dep-05b")
-    assert found is not None
-    assert found.campaign == "c05"
+    assert campaign_of(home, "dep-05") is None
+    assert campaign_of(home, "dep-05b") == "c05"
 
 
 def test_a_registration_rewritten_in_place_is_read_again(home: Path) -> None:
-    assert registration_for(home, "dep-06") is not None
+    assert campaign_of(home, "dep-06") == "c06"
     path = _registration.registration_path(home, "c06")
     # The same size, the same inode, within the same clock tick: only reading tells.
     path.write_text(path.read_text().replace("dep-06", "dep-60"))
-    assert registration_for(home, "dep-06") is None
-    found = registration_for(home, "dep-60")
-    assert found is not None
-    assert found.campaign == "c06"
+    assert campaign_of(home, "dep-06") is None
+    assert campaign_of(home, "dep-60") == "c06"
 
 
 def test_a_deleted_registration_is_gone_at_once(home: Path) -> None:
-    assert registration_for(home, "dep-08") is not None
+    assert campaign_of(home, "dep-08") == "c08"
     _registration.registration_path(home, "c08").unlink()
-    assert registration_for(home, "dep-08") is None
+    assert campaign_of(home, "dep-08") is None
 
 
 def test_a_known_deployment_costs_one_file_read(
