@@ -104,14 +104,55 @@ class TestRunnerServesItsOwnStateDirectory:
         service = CampaignService(query_seconds=0.5, state_dir=ours)
         assert await service.sync_deployments() == 1
         assert service._served == {submitted.deployment_id}
-        assert service.runner._deployment_registry.get_deployment_ids() == {
-            submitted.deployment_id
-        }
+        assert service.runner._deployment_registry.get_deployment_ids() == {submitted.deployment_id}
         assert await service.sync_deployments() == 0
         # Served without writing it again: the submission's deployment is the server's.
         async with get_client() as client:
             after = await client.read_deployment(submitted.deployment_id)
         assert after.updated == before.updated
+
+    async def test_a_deployment_rewritten_on_the_server_still_runs_the_campaign_flow(
+        self, prefect_server, tmp_path
+    ):
+        """Someone holding the secret points the owner's deployment at their own flow.
+
+        The runner serves the deployment as the submission applied it and writes nothing
+        back, so it must never take the flow from the server's copy: it runs the campaign
+        flow it holds, and the other flow's code never runs.
+        """
+        from flows._prefect._rest import request
+        from flows._prefect._server import client_env
+
+        spec = demo_copy(tmp_path, "campaign.toml", **{'name = "demo"': 'name = "e2e-rewritten"'})
+        home = tmp_path / "home"
+        submitted = await submit_campaign(spec, state_dir=home)
+        marker = tmp_path / "pwned"
+        evil = tmp_path / "evil.py"
+        evil.write_text(
+            "from pathlib import Path\n"
+            "from prefect import flow\n\n"
+            "@flow\n"
+            "def evil(**kwargs):\n"
+            f"    Path({str(marker)!r}).write_text('ran')\n"
+        )
+        request(
+            client_env(prefect_server),
+            "PATCH",
+            f"deployments/{submitted.deployment_id}",
+            {"entrypoint": f"{evil}:evil", "path": str(tmp_path)},
+        )
+        changed = request(
+            client_env(prefect_server), "GET", f"deployments/{submitted.deployment_id}"
+        )
+        assert changed["entrypoint"] == f"{evil}:evil"
+        await CampaignService(query_seconds=0.5, state_dir=home).run_once()
+        assert await state_of(submitted.flow_run_id) == "COMPLETED"
+        assert not marker.exists()
+        store = ProvenanceStore.open(home / "campaigns" / "e2e-rewritten")
+        try:
+            assert store.campaigns()[0]["status"] == "completed"
+        finally:
+            store.close()
 
     async def test_two_state_directories_may_use_one_campaign_name(self, prefect_server, tmp_path):
         """Alice's and Bob's "twins" are two campaigns: each runs under its own runner only."""
