@@ -122,6 +122,19 @@ class Settings(BaseSettings):
         ),
     )
 
+    server_busy_retry_seconds: float = Field(
+        default=3.0,
+        ge=0,
+        le=60,
+        validation_alias=AliasChoices(
+            "UNATTENDED_SERVER_BUSY_RETRY_SECONDS", "server_busy_retry_seconds"
+        ),
+        description=(
+            "How long the server runs a request again while Prefect answers it 503 (a busy "
+            "database) before the 503 goes to the client (seconds; 0: never)."
+        ),
+    )
+
     lease_ttl_seconds: float = Field(
         default=60.0,
         ge=1,

@@ -1,7 +1,9 @@
 """Run a local Prefect server on the login node: start, status, stop, client env.
 
-The server is ``prefect server start`` in its own session (so one signal stops
-its whole process group), with its own ``PREFECT_HOME`` under the state dir,
+The server is Prefect's app as ``prefect server start`` serves it, behind a retry
+of its busy-database answers (``flows._prefect._server_main``), in its own session
+(so one signal stops its whole process group), with its own ``PREFECT_HOME`` under
+the state dir,
 analytics off (there is no network on a login node) and the UI pointed at the
 right API URL. A PID file records which process is ours, with its start time,
 so a recycled PID is never mistaken for the server.
@@ -302,7 +304,7 @@ def auth_string(config: ServerConfig) -> str:
 def server_env(
     config: ServerConfig, base_env: Mapping[str, str], *, auth: str | None = None
 ) -> dict[str, str]:
-    """Return the environment ``prefect server start`` runs with (``auth``: ``user:secret``)."""
+    """Return the environment the server process runs with (``auth``: ``user:secret``)."""
     env = {k: v for k, v in base_env.items() if not k.startswith("PREFECT_")}
     env.update(
         {
@@ -361,7 +363,7 @@ def start_server(
     timeout: float = 60.0,
     base_env: Mapping[str, str] | None = None,
 ) -> ServerHandle:
-    """Start ``prefect server start`` detached and, if ``wait``, until ``/health`` answers.
+    """Start the Prefect server detached and, if ``wait``, until ``/health`` answers.
 
     Raises ``ServerError`` if our server already runs, the port is taken, the
     process exits early, or it is not healthy within ``timeout`` seconds (then
@@ -378,7 +380,9 @@ def start_server(
         private_dir(folder)
     auth = auth_string(config) if config.auth else None
     env = server_env(config, os.environ if base_env is None else base_env, auth=auth)
-    command = [sys.executable, "-m", "prefect", "server", "start"]
+    # Prefect's app and uvicorn, as `prefect server start` runs them, behind a retry of
+    # the busy-database 503 answers (flows._prefect._server_main).
+    command = [sys.executable, "-m", "flows._prefect._server_main"]
     with os.fdopen(append_private(config.log_path), "ab") as log:
         process = subprocess.Popen(
             command,

@@ -1,0 +1,207 @@
+"""The server process: Prefect's API and UI, with its busy-database answers retried in place.
+
+``unattended server start`` runs ``python -m flows._prefect._server_main`` where it once
+ran ``prefect server start``: the same app (``create_app(final=True)``, services in the
+process), served by uvicorn with the settings that command reads, behind ``RetryBusy``.
+
+Why: on SQLite, Prefect opens most write transactions DEFERRED. One that has read and
+then writes while another connection committed gets "database is locked" at once (no
+busy timeout helps a stale snapshot), and the API answers 503 with no ``Retry-After``.
+Prefect's client then waits ``2 ** try`` seconds: 2 s on the first retry. Measured with
+``benchmarks/many_campaigns.py`` (50 campaigns, SQLite): 25 such answers while the
+campaigns were submitted, nearly one a submission (``create_deployment``,
+``create_flow_run_from_deployment``), and submit -> round 0 of a 51st campaign either
+~1.2 s or ~3.3 s. ``RetryBusy`` runs the same request again in the server after a few
+tens of milliseconds, which is what the client would do two seconds later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# How long one request may be run again in the server before its 503 goes to the client
+# (whose own retries then start: 2 s, 4 s, ...; the setting
+# UNATTENDED_SERVER_BUSY_RETRY_SECONDS), the first pause and the longest one.
+BUSY_RETRY_SECONDS: Final = 3.0
+BUSY_FIRST_DELAY: Final = 0.02
+BUSY_MAX_DELAY: Final = 0.5
+_UNAVAILABLE: Final = 503
+# In the server's log with Prefect's own lines (its logging is set up for "prefect.*").
+_log = logging.getLogger("prefect.server.unattended")
+# On an answer whose request was run again in the server: how many times.
+RETRIED_HEADER: Final = b"x-unattended-busy-retries"
+
+
+class RetryBusy:
+    """ASGI middleware: run an HTTP request again while the app answers it 503.
+
+    Prefect's API answers 503 only for errors its clients retry (a locked SQLite
+    database, a dropped PostgreSQL connection): the request's transaction was rolled
+    back and the client sends the same request again. Here it is sent again in the
+    server, after ``first_delay`` doubling to ``max_delay`` (each with jitter, so the
+    waiting requests do not wake together), for up to ``budget`` seconds; then the
+    503 goes to the client as before. A request is therefore run again exactly when
+    Prefect's own client would run it again, only sooner.
+
+    The request body is read whole first (API bodies are small JSON) so each run can
+    be given it. A response that is not 503 is passed on as it is produced (a stream
+    stays a stream). Starlette re-raises an error after its handler sent the 503: that
+    error is dropped with the answer it came with, and raised with the last one.
+    WebSocket and lifespan traffic pass through untouched. An answer that took runs
+    again says how many in its ``x-unattended-busy-retries`` header.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        budget: float = BUSY_RETRY_SECONDS,
+        first_delay: float = BUSY_FIRST_DELAY,
+        max_delay: float = BUSY_MAX_DELAY,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.app = app
+        self.budget = budget
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self._sleep = sleep
+        self.retried = 0  # requests run again (all of them, since start): for tests and logs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left before it finished sending: nobody to answer
+        deadline = time.monotonic() + self.budget
+        delay = self.first_delay
+        again = 0
+        while True:
+            pause = delay * (0.5 + random.random())  # noqa: S311  # jitter, not a secret
+            run = _Run(send, may_hold=time.monotonic() + pause < deadline, again=again)
+            try:
+                # A copy: Starlette's mounts rewrite the scope's path in place.
+                await self.app(dict(scope), run.replay(body, receive), run.send)
+            except Exception:
+                if not run.held:
+                    self._say_if_passed_on(scope, run, again)
+                    raise
+            if not run.held:
+                self._say_if_passed_on(scope, run, again)
+                return
+            again += 1
+            self.retried += 1
+            await self._sleep(pause)
+            delay = min(delay * 2, self.max_delay)
+
+    def _say_if_passed_on(self, scope: Scope, run: _Run, again: int) -> None:
+        if again and run.unavailable:  # a 503 that was run again, and goes to the client
+            _log.warning(
+                "%s %s: answered 503 again after %d runs in %.1f s; passed to the client",
+                scope.get("method"),
+                scope.get("path"),
+                again + 1,
+                self.budget,
+            )
+
+
+class _Run:
+    """One run of the app for a request: holds back a 503 answer when it may."""
+
+    def __init__(self, send: Send, *, may_hold: bool, again: int) -> None:
+        self._send = send
+        self._may_hold = may_hold
+        self._again = again
+        self.held = False
+        self.unavailable = False
+
+    def replay(self, body: bytes, receive: Receive) -> Receive:
+        given = False
+
+        async def receive_again() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # waits for the client's disconnect, as before
+
+        return receive_again
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.unavailable = message.get("status") == _UNAVAILABLE
+            self.held = self._may_hold and self.unavailable
+            if not self.held and self._again:
+                # Says to the client (and to tests) that its request was run again here.
+                headers = [*message.get("headers", ()), (RETRIED_HEADER, b"%d" % self._again)]
+                message = {**message, "headers": headers}
+        if not self.held:
+            await self._send(message)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """Return the request's whole body, or None if the client disconnected first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def main() -> None:
+    """Serve Prefect's app as ``prefect server start`` would, behind ``RetryBusy``."""
+    import prefect
+    import uvicorn
+    from prefect.server.api.server import create_app
+    from prefect.settings import (
+        PREFECT_SERVER_API_HOST,
+        PREFECT_SERVER_API_KEEPALIVE_TIMEOUT,
+        PREFECT_SERVER_API_PORT,
+        PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL,
+        PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT,
+        PREFECT_SERVER_LOGGING_LEVEL,
+    )
+
+    from flows._settings import Settings
+
+    # Checked by `unattended server start` before it starts this process.
+    budget = Settings.from_env(os.environ).server_busy_retry_seconds
+    host, port = PREFECT_SERVER_API_HOST.value(), PREFECT_SERVER_API_PORT.value()
+    app = create_app(final=True, webserver_only=False)
+    # The server's log says what serves it (at WARNING: the level the server logs at).
+    _log.warning(
+        "Prefect %s server on %s:%s, a busy database's 503 run again in the server for up to %g s",
+        prefect.__version__,
+        host,
+        port,
+        budget,
+    )
+    uvicorn.run(
+        RetryBusy(app, budget=budget),
+        host=host,
+        port=port,
+        timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
+        ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
+        ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
+        log_level=PREFECT_SERVER_LOGGING_LEVEL.value().lower(),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The server runs a request again while Prefect answers it 503 (flows._prefect._server_main).
+
+The unit tests drive ``RetryBusy`` with small ASGI apps; the last test provokes the
+real thing on the session's server: a write lock held on Prefect's SQLite database
+makes its DEFERRED ``create_deployment`` transaction fail at once with "database is
+locked", which Prefect answers 503 (its client would wait 2 s, then 4 s...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from flows._prefect._server import ServerHandle
+from flows._prefect._server_main import RETRIED_HEADER, RetryBusy
+
+Message = dict[str, Any]
+
+
+class Flaky:
+    """An ASGI app that answers 503 ``failures`` times, then 200 with the body it got."""
+
+    def __init__(self, failures: int, *, raise_after_503: bool = False) -> None:
+        self.failures = failures
+        self.raise_after_503 = raise_after_503
+        self.bodies: list[bytes] = []
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.paths.append(scope["path"])
+        scope["path"] = "/rewritten"  # what a Starlette mount does to the scope
+        message = await receive()
+        self.bodies.append(message["body"])
+        if len(self.bodies) <= self.failures:
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b"busy"})
+            if self.raise_after_503:  # Starlette's ServerErrorMiddleware re-raises
+                raise RuntimeError("database is locked")
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"got " + message["body"]})
+
+
+async def _post(app: Any, body: bytes = b'{"n": 1}') -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+        return await client.post("/api/deployments/", content=body)
+
+
+def test_a_503_is_run_again_with_the_same_request_until_it_succeeds() -> None:
+    app = Flaky(failures=2)
+    middleware = RetryBusy(app, first_delay=0.001)
+    response = asyncio.run(_post(middleware))
+    assert response.status_code == 200
+    assert response.text == 'got {"n": 1}'
+    assert response.headers[RETRIED_HEADER.decode()] == "2"
+    assert app.bodies == [b'{"n": 1}'] * 3
+    assert app.paths == ["/api/deployments/"] * 3  # each run gets the scope as it came
+    assert middleware.retried == 2
+
+
+def test_the_error_starlette_raises_after_its_503_is_dropped_with_that_answer() -> None:
+    app = Flaky(failures=1, raise_after_503=True)
+    response = asyncio.run(_post(RetryBusy(app, first_delay=0.001)))
+    assert response.status_code == 200
+    assert len(app.bodies) == 2
+
+
+def test_a_503_that_lasts_past_the_budget_reaches_the_client() -> None:
+    app = Flaky(failures=10_000)
+    middleware = RetryBusy(app, budget=0.05, first_delay=0.005, max_delay=0.01)
+    response = asyncio.run(_post(middleware))
+    assert response.status_code == 503
+    assert response.text == "busy"
+    assert 2 <= len(app.bodies) < 50
+    assert response.headers[RETRIED_HEADER.decode()] == str(len(app.bodies) - 1)
+
+
+def test_the_last_503_keeps_its_error_for_the_server_to_log() -> None:
+    app = Flaky(failures=10_000, raise_after_503=True)
+    middleware = RetryBusy(app, budget=0.0)
+    with pytest.raises(RuntimeError, match="locked"):
+        asyncio.run(_post(middleware))
+    assert len(app.bodies) == 1
+
+
+def test_other_answers_pass_once_and_a_stream_stays_a_stream() -> None:
+    sent: list[Message] = []
+
+    async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b"})
+
+    async def request() -> None:
+        messages = iter([{"type": "http.request", "body": b"x", "more_body": False}])
+
+        async def receive() -> Message:
+            return next(messages)
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        await RetryBusy(streaming)({"type": "http", "path": "/"}, receive, send)
+
+    asyncio.run(request())
+    assert [m.get("body") for m in sent] == [None, b"a", b"b"]
+    assert sent[0]["status"] == 500
+    assert all(RETRIED_HEADER not in dict(m.get("headers", [])) for m in sent)
+
+
+def test_a_body_in_chunks_is_given_whole_and_a_client_gone_is_not_answered() -> None:
+    app = Flaky(failures=1)
+
+    async def request(messages: list[Message]) -> list[Message]:
+        pending = iter(messages)
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return next(pending)
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        await RetryBusy(app, first_delay=0.001)({"type": "http", "path": "/"}, receive, send)
+        return sent
+
+    chunks = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": False},
+    ]
+    sent = asyncio.run(request(chunks))
+    assert app.bodies == [b"abcd", b"abcd"]
+    assert sent[-1]["body"] == b"got abcd"
+    gone = asyncio.run(request([chunks[0], {"type": "http.disconnect"}]))
+    assert gone == []
+    assert len(app.bodies) == 2  # the app never saw the request of a client that left
+
+
+def test_lifespan_and_websocket_pass_through() -> None:
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+        assert await receive() == {"type": scope["type"] + ".marker"}
+
+    async def run(kind: str) -> None:
+        async def receive() -> Message:
+            return {"type": kind + ".marker"}
+
+        async def send(message: Message) -> None:
+            raise AssertionError("nothing is sent")
+
+        await RetryBusy(app)({"type": kind}, receive, send)
+
+    asyncio.run(run("lifespan"))
+    asyncio.run(run("websocket"))
+    assert seen == ["lifespan", "websocket"]
+
+
+@pytest.mark.integration
+def test_the_real_server_answers_through_a_locked_database(prefect_server: ServerHandle) -> None:
+    """Prefect answers 503 while another connection holds the write lock; no client sees it."""
+    assert prefect_server.auth_string is not None
+    user, secret = prefect_server.auth_string.split(":", 1)
+    api = httpx.Client(base_url=prefect_server.api_url, auth=(user, secret), timeout=60)
+    flow = api.post("/flows/", json={"name": f"busy-{uuid.uuid4().hex[:8]}"}).json()
+    answers: list[httpx.Response] = []
+
+    def create_deployment() -> None:
+        name = f"busy-{uuid.uuid4().hex[:8]}"
+        answers.append(api.post("/deployments/", json={"name": name, "flow_id": flow["id"]}))
+
+    lock = sqlite3.connect(prefect_server.prefect_home / "prefect.db", isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")  # the write lock, as another writer holds it
+        caller = threading.Thread(target=create_deployment)
+        caller.start()
+        time.sleep(1.0)  # Prefect's transaction meets the lock (no wait on a stale read)
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    caller.join(timeout=60)
+    api.close()
+    (answer,) = answers
+    assert answer.status_code == 201, answer.text  # plain httpx: a 503 would show here
+    assert int(answer.headers[RETRIED_HEADER.decode()]) >= 1
