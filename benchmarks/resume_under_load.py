@@ -1,10 +1,13 @@
-"""Does a UI Resume answer while campaigns run? Prefect's SQLite, all services against ours.
+"""Does a UI Resume answer while campaigns run? The embedded SQLite server, and PostgreSQL.
 
 Measured side by side, one fresh embedded server (SQLite, ``start_server``) per side
 and repetition, the sides alternating:
 
-* ``all``: every Prefect server service on (Prefect's defaults);
-* ``ours``: what ``unattended server start`` runs (``UNUSED_SERVICES`` off);
+* ``no-retry``: ``ours`` with the server's retry of busy answers off
+  (``UNATTENDED_SERVER_BUSY_RETRY_SECONDS=0``): every 503 reaches the UI;
+* ``ours``: what ``unattended server start`` runs (``UNUSED_SERVICES`` off, a 503 run
+  again in the server for up to 3 s);
+* ``all`` (with ``--all-services``): ``ours`` with every Prefect server service on;
 * ``postgres`` (with ``--postgres URL``): ``ours`` on PostgreSQL, a fresh database
   per repetition on the server at ``URL`` (created and dropped here), as
   ``unattended server start --database-url`` runs it.
@@ -19,7 +22,7 @@ them: only the resume is measured). Counted: answers that are not ``ACCEPT``
 (HTTP 503 "database is locked", or a refusal), and the resume's latency.
 
     python benchmarks/resume_under_load.py [--resumes N] [--reps R] [--rounds R]
-        [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
+        [--all-services] [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
 
 Printed: per side, refused / tried, latency median and max, campaigns completed,
 and the load average at the start and the end. The runners are stopped (by PID)
@@ -46,7 +49,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-SIDES = ("all", "ours")
+SIDES = ("no-retry", "ours")
 CAMPAIGNS = 4
 FORM_SCHEMA = {
     "title": "Approval",
@@ -174,6 +177,8 @@ def measure_side(
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     if side == "all":
         base |= dict.fromkeys(UNUSED_SERVICES, "true")
+    if side == "no-retry":
+        base["UNATTENDED_SERVER_BUSY_RETRY_SECONDS"] = "0"
     config = ServerConfig(port=free_port(), state_dir=folder / "server", database_url=database_url)
     handle = start_server(config, timeout=180, base_env=base)
     env = base | client_env(handle) | {"UNATTENDED_HOME": str(folder / "home")}
@@ -268,8 +273,12 @@ def main() -> int:
         metavar="URL",
         help="also a side on PostgreSQL: a database on this server is created per repetition",
     )
+    parser.add_argument(
+        "--all-services", action="store_true", help="also a side with every Prefect service on"
+    )
     args = parser.parse_args()
-    sides = (*SIDES, "postgres") if args.postgres else SIDES
+    sides = (*SIDES, *(("all",) if args.all_services else ()))
+    sides = (*sides, "postgres") if args.postgres else sides
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
     root = Path(tempfile.mkdtemp(prefix="unattended-bench-resume-"))
