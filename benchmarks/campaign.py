@@ -27,9 +27,10 @@ science; from the provenance's batch record, or the plain flow's own stamps) and
 rest (non-science: planning, the gate, policies, records, Prefect's task runs).
 
 Reported apart, as medians with the load average: start-up (submit -> round 0
-started), the cost per round (round start -> checkpoint), and the end (last round
--> flow run COMPLETED). What a user waits for on submit, resume and exit, warm
-start against cold, is ``benchmarks/latency.py``.
+started), the cost per round (one round's start -> the next round's start, so closing a
+round counts on every side), and the end (last round -> flow run COMPLETED). What a user
+waits for on submit, resume and exit, warm start against cold, is
+``benchmarks/latency.py``.
 
     python benchmarks/campaign.py [--quick] [--reps N]
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import shutil
 import signal
@@ -140,6 +142,26 @@ def rounds_of(home: Path, name: str) -> list[dict[str, Any]]:
     return rounds
 
 
+def round_medians(starts: list[float], science: list[float]) -> dict[str, float]:
+    """Return the median round (one start to the next) and its non-science part.
+
+    A round is measured from its start to the next round's start, on every side: what
+    a round costs includes closing it (the last Prefect task's completion, the
+    checkpoint), whichever side of a round's own record that falls. The last round,
+    with no next start, is left out.
+    """
+    spans = [after - before for before, after in itertools.pairwise(starts)]
+    if not spans:
+        raise SystemExit("a campaign of one round has no round-to-round span")
+    return {
+        "per_round": statistics.median(spans),
+        "science": statistics.median(science),
+        "non_science": statistics.median(
+            span - batch for span, batch in zip(spans, science, strict=False)
+        ),
+    }
+
+
 # -- (a) the engine, no Prefect ---------------------------------------------------
 
 
@@ -161,14 +183,11 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
         name, spec=loaded.raw, site="local", seed=loaded.spec.seed, code_version="bench"
     )
     simulation = Simulation.function(objective, id="bench-objective")
-    started_rounds: dict[int, float] = {}
-    round_seconds: list[float] = []
+    started_rounds: list[float] = []
 
     def on_event(kind: str, data: Any) -> None:
         if kind == "round":
-            started_rounds[data["round"]] = time.perf_counter()
-        elif kind == "batch":
-            round_seconds.append(time.perf_counter() - started_rounds[data["round"]])
+            started_rounds.append(time.perf_counter())
 
     async with AllocationExecutor.from_site(site) as executor:
         by_argv = build_run_batch(executor, store, loaded)
@@ -202,14 +221,7 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
     if result.status != "completed":
         raise SystemExit(f"direct campaign {name} ended {result.status} ({result.error_code})")
     science = [r["science"] for r in rounds_of(home, name)]
-    return {
-        "total": total,
-        "per_round": statistics.median(round_seconds),
-        "science": statistics.median(science),
-        "non_science": statistics.median(
-            t - s for t, s in zip(round_seconds, science, strict=True)
-        ),
-    }
+    return {"total": total, **round_medians(started_rounds, science)}
 
 
 # -- (b) the Prefect flow ---------------------------------------------------------
@@ -275,13 +287,7 @@ async def flow_seconds(spec: Path, home: Path, log: Path) -> dict[str, Any]:
         "running": states.get("RUNNING", float("nan")) - submitted_at,
         "rounds": last - first,
         "after": ended - last,
-        "per_round": statistics.median(
-            stamp(r["finished_at"]) - stamp(r["started_at"]) for r in rounds
-        ),
-        "science": statistics.median(r["science"] for r in rounds),
-        "non_science": statistics.median(
-            stamp(r["finished_at"]) - stamp(r["started_at"]) - r["science"] for r in rounds
-        ),
+        **round_medians([stamp(r["started_at"]) for r in rounds], [r["science"] for r in rounds]),
     }
 
 
@@ -314,11 +320,7 @@ async def plain_seconds(
         "startup": first - submitted_at,
         "rounds": last - first,
         "after": ended - last,
-        "per_round": statistics.median(r["finished"] - r["started"] for r in rows),
-        "science": statistics.median(r["landed"] - r["launched"] for r in rows),
-        "non_science": statistics.median(
-            r["finished"] - r["started"] - (r["landed"] - r["launched"]) for r in rows
-        ),
+        **round_medians([r["started"] for r in rows], [r["landed"] - r["launched"] for r in rows]),
     }
 
 
@@ -430,7 +432,7 @@ def print_table(found: dict[str, list[dict[str, Any]]]) -> None:
     print(f"   {'seconds':44} " + " ".join(f"{h:>17}" for h in heads))
     rows = (
         ("start-up: submit -> round 0 started", "startup"),
-        ("per round (median round)", "per_round"),
+        ("per round (start -> next start)", "per_round"),
         ("  of which the batch (the simulations)", "science"),
         ("  of which the rest (non-science)", "non_science"),
         ("round 0 start -> last round checkpoint", "rounds"),
