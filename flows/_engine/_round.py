@@ -213,6 +213,9 @@ class CampaignEngine:
         self.planner = PlannerSlot(self.loaded, self.bounds, checkpoint.planner_state, self.env)
         first = checkpoint.last_completed_round
         self.next_round = 0 if first is None else first + 1
+        # Rounds run in order and each is checkpointed before the next starts, so the
+        # only round that can hold decisions this engine did not make is its first.
+        self.replayed_round = self.next_round
 
     async def run(self) -> CampaignResult:
         """Run every remaining round; return how the campaign ended."""
@@ -258,7 +261,8 @@ class CampaignEngine:
 
     async def _run_round(self, index: int) -> None:
         spec = self.loaded.spec
-        self.store.start_round(self.name, index)
+        # The round's record starts with its first gate call's (one commit, not two).
+        started_at = datetime.now(UTC)
         self.hooks.on_event("round", {"round": index, "of": spec.rounds})
         feedback: list[Attempt[Any]] = []
         seq = 0
@@ -278,6 +282,7 @@ class CampaignEngine:
                 budget=spec.attempts,
                 fallback_hash=fallback.content_hash,
                 fallback_value=[list(c) for c in fallback.candidates],
+                round_started_at=started_at,
             )
             failpoint("after_fallback_recorded")
             outcome = await self.hooks.step(
@@ -427,8 +432,9 @@ class CampaignEngine:
             name="planner",
             on_failed_attempt=record_failure,
         )
-        self.store.record_attempts(gate_id, outcome.attempts)
-        self.store.finish_gate_call(gate_id, outcome.disposition, len(outcome.attempts))
+        self.store.finish_gate_call(
+            gate_id, outcome.disposition, len(outcome.attempts), attempts=outcome.attempts
+        )
         self.hooks.on_event(
             "gate",
             {"round": index, "disposition": outcome.disposition, "attempts": len(outcome.attempts)},
@@ -518,6 +524,8 @@ class CampaignEngine:
 
     def _check_recorded(self, index: int, seq: int, decision: Decision) -> None:
         """A recorded decision is authoritative: a replay that derives another one stops."""
+        if index != self.replayed_round:
+            return  # a round this engine started: every decision of it is its own
         recorded = next(
             (d for d in self.store.decisions(self.name, index) if d["seq"] == seq), None
         )

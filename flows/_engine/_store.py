@@ -66,10 +66,6 @@ class CampaignStore(Protocol):
         """
         ...
 
-    def start_round(self, name: str, index: int) -> None:
-        """Record round ``index`` as running (a recorded round is left as it is)."""
-        ...
-
     def record_gate_call(
         self,
         name: str,
@@ -80,8 +76,12 @@ class CampaignStore(Protocol):
         budget: int,
         fallback_hash: str | None,
         fallback_value: Any,
+        round_started_at: datetime | None = None,
     ) -> int:
-        """Record a gate call with its fallback, before any attempt; return its id."""
+        """Record a gate call with its fallback, before any attempt; return its id.
+
+        The round is recorded too (started at ``round_started_at``) unless it is.
+        """
         ...
 
     def attempts(self, gate_call_id: int) -> list[dict[str, Any]]:
@@ -92,12 +92,15 @@ class CampaignStore(Protocol):
         """Record one ``acceptance.Attempt`` (idempotent on its number)."""
         ...
 
-    def record_attempts(self, gate_call_id: int, attempts: Iterable[Any]) -> None:
-        """Record a gate call's attempts in one transaction."""
-        ...
-
-    def finish_gate_call(self, gate_call_id: int, disposition: str, attempts_used: int) -> None:
-        """Record how the gate call ended and how many attempts it used."""
+    def finish_gate_call(
+        self,
+        gate_call_id: int,
+        disposition: str,
+        attempts_used: int,
+        *,
+        attempts: Iterable[Any] = (),
+    ) -> None:
+        """Record how the gate call ended, with its attempts not recorded yet, in one go."""
         ...
 
     def record_decision(self, name: str, index: int, seq: int, record: Mapping[str, Any]) -> None:

@@ -32,7 +32,6 @@ from flows._provenance._sql import AlchemyReader
 from flows._provenance._writes import (
     StoreBase,
     check_choice,
-    ensure_round,
     insert_ignore,
 )
 from policies import NotFound
@@ -73,7 +72,7 @@ class ApprovalAndBatchWrites(StoreBase):
 
         def work(connection: Connection) -> None:
             cid = self._id(connection, name)
-            ensure_round(connection, cid, index)
+            self._ensure_round(connection, cid, index)
             insert_ignore(
                 connection,
                 APPROVALS,
@@ -200,7 +199,7 @@ class ApprovalAndBatchWrites(StoreBase):
 
         def work(connection: Connection) -> None:
             cid = self._id(connection, campaign)
-            ensure_round(connection, cid, round_index)
+            self._ensure_round(connection, cid, round_index)
             insert_ignore(
                 connection,
                 BATCHES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
@@ -22,7 +23,6 @@ from flows._provenance._schema import (
 from flows._provenance._writes import (
     StoreBase,
     check_choice,
-    ensure_round,
     insert_ignore,
 )
 from policies import InternalError, NotFound, ValidationFailed
@@ -98,17 +98,20 @@ class GateWrites(StoreBase):
         budget: int,
         fallback_hash: str | None,
         fallback_value: Any,
+        round_started_at: datetime | None = None,
     ) -> int:
         """Record a gate call with its fallback (before any attempt); return its id.
 
         Recording it again returns the same id. A different ``fallback_hash`` for
         the same call means the fallback is not deterministic: :class:`InternalError`.
+        The round is recorded too, unless it is, as started at ``round_started_at``
+        (when the caller began it, before the fallback was computed), else now.
         """
         fallback_json = jsonable(fallback_value)
 
         def work(connection: Connection) -> int:
             cid = self._id(connection, name)
-            ensure_round(connection, cid, index)
+            self._ensure_round(connection, cid, index, round_started_at)
             insert_ignore(
                 connection,
                 GATE_CALLS,
@@ -156,29 +159,28 @@ class GateWrites(StoreBase):
         what that check said replaces the failure.
         """
         rows = [_attempt_values(gate_call_id, a) for a in attempts]
-        numbers = [row["number"] for row in rows]
-
-        def work(connection: Connection) -> None:
-            if numbers:
-                connection.execute(
-                    delete(ATTEMPTS).where(
-                        ATTEMPTS.c.gate_call_id == gate_call_id,
-                        ATTEMPTS.c.number.in_(numbers),
-                        ATTEMPTS.c.failed_by.is_not(None),
-                    )
-                )
-            insert_ignore(connection, ATTEMPTS, rows, ("gate_call_id", "number"))
-
         try:
-            self._write(work)
+            self._write(lambda connection: _insert_attempts(connection, gate_call_id, rows))
         except IntegrityError:
             raise NotFound(
                 f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
             ) from None
 
-    def finish_gate_call(self, gate_call_id: int, disposition: str, attempts_used: int) -> None:
-        """Record how the gate call ended and how many attempts it used."""
+    def finish_gate_call(
+        self,
+        gate_call_id: int,
+        disposition: str,
+        attempts_used: int,
+        *,
+        attempts: Iterable[Any] = (),
+    ) -> None:
+        """Record how the gate call ended and how many attempts it used.
+
+        ``attempts`` not recorded yet are recorded in the same transaction (as
+        :meth:`record_attempts` does): the call's end and its attempts land together.
+        """
         check_choice(disposition, DISPOSITIONS, "disposition")
+        rows = [_attempt_values(gate_call_id, a) for a in attempts]
 
         def work(connection: Connection) -> None:
             result = connection.execute(
@@ -190,6 +192,7 @@ class GateWrites(StoreBase):
                 raise NotFound(
                     f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
                 )
+            _insert_attempts(connection, gate_call_id, rows)
 
         self._write(work)
 
@@ -206,7 +209,7 @@ class GateWrites(StoreBase):
 
         def work(connection: Connection) -> None:
             cid = self._id(connection, name)
-            ensure_round(connection, cid, index)
+            self._ensure_round(connection, cid, index)
             insert_ignore(
                 connection,
                 DECISIONS,
@@ -254,7 +257,7 @@ class GateWrites(StoreBase):
 
         def work(connection: Connection) -> None:
             cid = self._id(connection, name)
-            ensure_round(connection, cid, index)
+            self._ensure_round(connection, cid, index)
             stamp = now()
             insert_ignore(
                 connection,
@@ -264,3 +267,17 @@ class GateWrites(StoreBase):
             )
 
         self._write(work)
+
+
+def _insert_attempts(connection: Connection, gate_call_id: int, rows: list[dict[str, Any]]) -> None:
+    """Insert attempt rows; one whose check failed is replaced, any other recorded one stands."""
+    numbers = [row["number"] for row in rows]
+    if numbers:
+        connection.execute(
+            delete(ATTEMPTS).where(
+                ATTEMPTS.c.gate_call_id == gate_call_id,
+                ATTEMPTS.c.number.in_(numbers),
+                ATTEMPTS.c.failed_by.is_not(None),
+            )
+        )
+    insert_ignore(connection, ATTEMPTS, rows, ("gate_call_id", "number"))

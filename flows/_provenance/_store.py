@@ -34,7 +34,6 @@ from flows._provenance._writes import (
     CAMPAIGNS,
     ROUNDS,
     check_choice,
-    ensure_round,
     insert_ignore,
     is_storage_fault,
     is_transient,
@@ -177,6 +176,8 @@ class ProvenanceStore(
                 .values(status=status, error_code=error_code, updated_at=moment)
             )
             if round_index is not None:
+                # A round can stop before anything of it was recorded (its fallback).
+                self._ensure_round(connection, cid, round_index)
                 stopped = status in ("blocked", "escalated", "failed", "completed")
                 connection.execute(
                     update(ROUNDS)
@@ -188,7 +189,7 @@ class ProvenanceStore(
 
     def start_round(self, name: str, index: int) -> None:
         """Record round ``index`` as running; a round already recorded is left as it is."""
-        self._write(lambda c: ensure_round(c, self._id(c, name), index))
+        self._write(lambda c: self._ensure_round(c, self._id(c, name), index))
 
     def checkpoint_round(
         self,
@@ -217,7 +218,7 @@ class ProvenanceStore(
 
         def work(connection: Connection) -> None:
             cid = self._id(connection, name)
-            ensure_round(connection, cid, index)
+            self._ensure_round(connection, cid, index)
             moment = now()
             connection.execute(
                 update(ROUNDS)

@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, select
@@ -142,12 +143,22 @@ def campaign_id(connection: Connection, name: str) -> int | None:
     return None if found is None else int(found)
 
 
-def ensure_round(connection: Connection, campaign: int, index: int) -> None:
-    """Create round ``index`` of ``campaign`` as running unless it exists."""
+def ensure_round(
+    connection: Connection, campaign: int, index: int, started_at: datetime | None = None
+) -> None:
+    """Create round ``index`` of ``campaign`` as running unless it exists.
+
+    ``started_at`` is when the round began, if earlier than this write (now).
+    """
     insert_ignore(
         connection,
         ROUNDS,
-        {"campaign_id": campaign, "round_index": index, "status": "running", "started_at": now()},
+        {
+            "campaign_id": campaign,
+            "round_index": index,
+            "status": "running",
+            "started_at": started_at or now(),
+        },
         ("campaign_id", "round_index"),
     )
 
@@ -185,20 +196,39 @@ class StoreBase:
         self.read_only = read_only
         self._campaign_ids: dict[str, int] = {}
         self.fence: Fence | None = None
+        # Rounds this store has seen committed (rows are never deleted), and the ones
+        # the transaction under way created: known only once it commits.
+        self._known_rounds: set[tuple[int, int]] = set()
+        self._new_rounds: list[tuple[int, int]] = []
 
     def _write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in one write transaction that first checks the fence, if any."""
         fence = self.fence
         # A store opened read-only is refused by design: say so at once.
         retry = StorageRetry(tries=1) if self.read_only else None
-        if fence is None:
-            return in_transaction(self.engine, work, retry)
 
-        def fenced(connection: Connection) -> T:
-            check_fence(connection, self._id(connection, fence.campaign), fence)
+        def attempt(connection: Connection) -> T:
+            self._new_rounds = []  # a retried transaction starts again
+            if fence is not None:
+                check_fence(connection, self._id(connection, fence.campaign), fence)
             return work(connection)
 
-        return in_transaction(self.engine, fenced, retry)
+        result = in_transaction(self.engine, attempt, retry)
+        self._known_rounds.update(self._new_rounds)
+        return result
+
+    def _ensure_round(
+        self, connection: Connection, campaign: int, index: int, started_at: datetime | None = None
+    ) -> None:
+        """:func:`ensure_round`, once per round a store has seen committed.
+
+        Most writes of a round name it (replays need that); after the first, the
+        insert would find the row, so it is not sent again.
+        """
+        if (campaign, index) in self._known_rounds:
+            return
+        ensure_round(connection, campaign, index, started_at)
+        self._new_rounds.append((campaign, index))
 
     def _id(self, connection: Connection, name: str) -> int:
         cached = self._campaign_ids.get(name)

@@ -18,7 +18,7 @@ from flows._provenance import ProvenanceStore
 
 
 def engine_store(store: CampaignStore) -> None:
-    store.start_round("c", 0)
+    store.record_decision("c", 0, 1, {"outcome": "continue"})
 
 
 def hand_over(real: ProvenanceStore) -> None:
@@ -26,7 +26,7 @@ def hand_over(real: ProvenanceStore) -> None:
 
 
 class HalfAStore:
-    def start_round(self, name: str, index: int) -> None: ...
+    def record_decision(self, name: str, index: int, seq: int, record: object) -> None: ...
 
 
 def hand_over_half(half: HalfAStore) -> None:

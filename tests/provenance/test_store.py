@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -96,6 +97,31 @@ class TestCheckpoint:
         )
         store.start_round("demo", 5)
         assert store.load_checkpoint("demo").surrogate_states == ({"n": 1}, {"n": 2}, {"n": 3})
+
+    def test_a_round_stopped_before_anything_of_it_was_recorded_is_recorded_stopped(
+        self, store: Any
+    ) -> None:
+        # Its fallback failed, say: the round's first record would have been its gate call.
+        store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")
+        store.set_campaign_status("c", "failed", "fallback_unavailable", round_index=4)
+        [round_row] = store.summary("c")["rounds"]
+        assert (round_row["index"], round_row["status"]) == (4, "failed")
+        assert round_row["finished_at"] is not None
+
+    def test_a_round_whose_first_record_was_rolled_back_is_recorded_by_the_next(
+        self, store: Any
+    ) -> None:
+        store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")
+
+        def fails_after_the_round(connection: Any) -> None:
+            store._ensure_round(connection, store._id(connection, "c"), 2)
+            raise ValidationFailed("refused after the round's insert")
+
+        with pytest.raises(ValidationFailed):
+            store._write(fails_after_the_round)
+        assert store.summary("c")["rounds"] == []
+        store.record_decision("c", 2, 1, {"outcome": "continue"})
+        assert [r["index"] for r in store.summary("c")["rounds"]] == [2]
 
     def test_start_round_leaves_a_checkpointed_round_alone(self, store: Any) -> None:
         store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")
@@ -229,6 +255,43 @@ class TestGate:
         store.finish_gate_call(call, "fallback", 2)
         [row] = store.gate_calls("c", 3)
         assert (row["disposition"], row["attempts_used"]) == ("fallback", 2)
+
+    def test_finishing_with_attempts_records_them_with_the_end(self, store: Any) -> None:
+        call = self._call(store)
+        crashed = Attempt(number=1, value=1, failed_by="verifier", reason="died", duration=0.0)
+        store.record_attempt(call, crashed)
+        again = Attempt(number=1, value=1, rejected_by="bounds", reason="out", duration=0.0)
+        store.finish_gate_call(
+            call, "accepted", 2, attempts=[again, Attempt(number=2, value=2, duration=0.0)]
+        )
+        [row] = store.gate_calls("c", 3)
+        assert (row["disposition"], row["attempts_used"]) == ("accepted", 2)
+        # The checked-again attempt replaces the failed one; the second is new.
+        assert [(a["number"], a["failed_by"], a["rejected_by"]) for a in store.attempts(call)] == [
+            (1, None, "bounds"),
+            (2, None, None),
+        ]
+
+    def test_finishing_an_unknown_gate_call_records_none_of_its_attempts(self, store: Any) -> None:
+        with pytest.raises(NotFound, match="gate call"):
+            store.finish_gate_call(999, "accepted", 1, attempts=[Attempt(number=1, duration=0.0)])
+        assert _count(store, AttemptRow) == 0
+
+    def test_the_round_starts_when_its_caller_began_it(self, store: Any) -> None:
+        store.ensure_campaign("c", spec={}, site="local", seed=1, code_version="v")
+        began = datetime(2026, 12, 5, 8, 0, 0, 250000, tzinfo=UTC)
+        store.record_gate_call(
+            "c",
+            0,
+            1,
+            gate="planner",
+            budget=2,
+            fallback_hash="abc",
+            fallback_value=None,
+            round_started_at=began,
+        )
+        [round_row] = store.summary("c")["rounds"]
+        assert datetime.fromisoformat(round_row["started_at"]) == began
 
     def test_a_second_gate_call_in_a_round_gets_its_own_row(self, store: Any) -> None:
         first = self._call(store)
