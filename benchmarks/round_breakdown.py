@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import collections
 import functools
 import inspect
@@ -163,6 +164,9 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     folder = Path(tempfile.mkdtemp(prefix="unattended-bench-breakdown-"))
     os.chdir(folder)  # asyncflow's session folders land here
+    # Registered before any tracer provider exists, so it runs after the provider's own
+    # exit handler, which writes the campaigns' last spans into the folder again.
+    atexit.register(shutil.rmtree, folder, True)
 
     from campaign import free_port
 
@@ -182,9 +186,11 @@ def main() -> int:
     finally:
         from prefect.logging.handlers import APILogHandler
 
-        APILogHandler().flush()  # the run log's last lines, before the server goes
-        stop_server(config)
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            APILogHandler().flush()  # the run log's last lines, before the server goes
+        finally:
+            stop_server(config)
+            shutil.rmtree(folder, ignore_errors=True)
     report(found, args)
     print(f"load average (1, 5, 15 min) at the end: {load()}")
     return 0

@@ -9,7 +9,7 @@ never cached or persisted (``NO_CACHE``), so the database is the only memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -100,12 +100,58 @@ async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval | Unr
     return cast(Approval, answer)
 
 
+class RunLog:
+    """The run log's lines for the engine's events, in words, a few per round.
+
+    A gate's outcome is said with the policy's decision on it (one line, not two);
+    a simulation's result is not a line of its own (the batch's is).
+    """
+
+    def __init__(self) -> None:
+        self._gate: Mapping[str, Any] | None = None
+
+    def line(self, kind: str, data: Mapping[str, Any]) -> str | None:
+        """Return the line for one event, or None when it is said with a later one."""
+        at = f"round {data.get('round')}"
+        match kind:
+            case "task":
+                return None
+            case "gate":
+                self._gate = data
+                return None
+            case "round":
+                return f"{at} of {data.get('of')}: started"
+            case "decision":
+                gate, self._gate = self._gate, None
+                policy = f"policy {data.get('outcome')}"
+                if gate is None:
+                    return f"{at}: {policy}"
+                tries = gate.get("attempts")
+                attempts = f"{tries} attempt{'' if tries == 1 else 's'}"
+                return f"{at}: gate {gate.get('disposition')} after {attempts}; {policy}"
+            case "batch":
+                return f"{at}: batch finished, {data.get('done')} done, {data.get('failed')} failed"
+            case "approval":
+                return f"{at}: approval {data.get('verdict')} by {data.get('by')}"
+            case "suspend":
+                approvers = ", ".join(map(str, data.get("approvers") or ())) or "anyone allowed"
+                return (
+                    f"{at}: waiting for approval {data.get('key')} (rule {data.get('rule')}; "
+                    f"approvers {approvers}; until {data.get('deadline')})"
+                )
+            case _:
+                details = ", ".join(f"{key} {value}" for key, value in data.items())
+                return f"{kind}: {details}" if details else kind
+
+
 def _event_logger() -> Callable[[str, Any], None]:
     logger = get_run_logger()
+    run_log = RunLog()
 
     def on_event(kind: str, data: Any) -> None:
-        if kind != "task":  # one line per simulation would flood the run's log
-            logger.info("%s %s", kind, dict(data))
+        line = run_log.line(kind, data)
+        if line is not None:
+            logger.info("%s", line)
 
     return on_event
 
