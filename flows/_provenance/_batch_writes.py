@@ -264,9 +264,8 @@ class ApprovalAndBatchWrites(StoreBase):
                 )
             insert_ignore(connection, TASK_RESULTS, rows, ("batch_id", "task_index"))
             connection.execute(
-                update(BATCHES)
-                .where(BATCHES.c.id == batch.id, BATCHES.c.status == "launched")
-                .values(status="finished", finished_at=now())
+                update(BATCHES).where(BATCHES.c.id == batch.id, BATCHES.c.status == "launched"),
+                {"status": "finished", "finished_at": now()},
             )
 
         self._write(work)

@@ -220,13 +220,13 @@ class ProvenanceStore(
             cid = self._id(connection, name)
             self._ensure_round(connection, cid, index)
             moment = now()
+            # The new values go as parameters: a compiled statement SQLAlchemy caches.
             connection.execute(
-                update(ROUNDS)
-                .where(ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == index)
-                .values(finished_at=moment, **values)
+                update(ROUNDS).where(ROUNDS.c.campaign_id == cid, ROUNDS.c.round_index == index),
+                {"finished_at": moment, **values},
             )
             connection.execute(
-                update(CAMPAIGNS).where(CAMPAIGNS.c.id == cid).values(updated_at=moment)
+                update(CAMPAIGNS).where(CAMPAIGNS.c.id == cid), {"updated_at": moment}
             )
 
         self._write(work)

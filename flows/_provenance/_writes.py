@@ -131,10 +131,9 @@ def insert_ignore(
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
         statement = sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict))
-    if isinstance(values, Mapping):
-        connection.execute(statement.values(**values))
-    else:
-        connection.execute(statement, list(values))
+    # The rows go as parameters, never into the statement: one compiled statement a
+    # table, found in SQLAlchemy's cache, instead of one built for each row's values.
+    connection.execute(statement, dict(values) if isinstance(values, Mapping) else list(values))
 
 
 def campaign_id(connection: Connection, name: str) -> int | None:
