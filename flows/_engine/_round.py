@@ -40,7 +40,13 @@ from flows._engine._counters import Counters
 from flows._engine._failpoints import failpoint, failpoint_in_commit
 from flows._engine._proof import ApproverCodes
 from flows._engine._store import CampaignStore, SimulationResult
-from flows._provenance import ApprovalRow, CampaignStatus, DecisionMismatch
+from flows._provenance import (
+    ApprovalRow,
+    CampaignStatus,
+    CandidateFateRecord,
+    DecisionMismatch,
+    GateCallEnd,
+)
 from flows._settings import Settings
 from flows._spec import LoadedSpec
 from policies import (
@@ -290,70 +296,52 @@ class CampaignEngine:
                 functools.partial(self._gate, index, gate_id, fallback, feedback),
             )
             failpoint("after_gate")
-            # Replayed attempts count the same as fresh ones: the record says what was verified.
-            self.counters.verifier_hours += self._verifier_hours(outcome)
-            launch = self._launch_of(outcome)
-            ledger = self._oversee(index, call_index, outcome, launch, fallback)
-            decision = self._decide(index, call_index, launch)
-            seq += 1
-            self._check_recorded(index, seq, decision)
-            self.store.record_decision(self.name, index, seq, decision_record(decision))
+            # The call's end lands with the decision taken on it, in one commit: a kill
+            # before it replays the call from the answer journal, asking nothing again.
+            end = GateCallEnd(gate_id, outcome.disposition, len(outcome.attempts), outcome.attempts)
+            try:
+                # Replayed attempts count the same as fresh ones: the record says what was
+                # verified.
+                self.counters.verifier_hours += self._verifier_hours(outcome)
+                launch = self._launch_of(outcome)
+                ledger = self._oversee(index, call_index, outcome, launch, fallback)
+                decision = self._decide(index, call_index, launch)
+                seq += 1
+                self._check_recorded(index, seq, decision)
+                fates, stop = self._apply(index, call_index, decision, ledger, launch, fallback)
+                self.store.record_decision(
+                    self.name,
+                    index,
+                    seq,
+                    decision_record(decision),
+                    gate_call=end,
+                    call_index=call_index,
+                    fates=fates,
+                )
+            except Exception:
+                self._end_call(end)  # no decision to record it with: the campaign stops
+                raise
             failpoint("after_decision_recorded")
             self.counters.decisions.append(decision.outcome.kind)
             self.hooks.on_event("decision", {"round": index, "outcome": decision.outcome.kind})
-            where = {"round": index, "call_index": call_index}
-            # Exhaustive over policies.Outcome: a new kind fails type checking here.
-            match decision.outcome:
-                case Retry():
-                    self._skip(index, call_index, ledger, "the policy refused the batch")
-                    if call_index > spec.policy_retries:
-                        raise PolicyDenied(
-                            f"round {index}: policy retries exhausted", details=where
-                        )
-                    feedback.append(
-                        self._policy_feedback(outcome.value, decision, len(feedback) + 1)
+            if stop is not None:
+                raise stop
+            if isinstance(decision.outcome, Retry):
+                feedback.append(self._policy_feedback(outcome.value, decision, len(feedback) + 1))
+                call_index += 1
+                continue
+            if isinstance(decision.outcome, Suspend):
+                try:
+                    launch = await self._approval(
+                        index, call_index, decision, decision.outcome, launch, fallback, ledger
                     )
-                    call_index += 1
-                    continue
-                case Block(code=code):
-                    self._skip(index, call_index, ledger, "the policy blocked the batch")
-                    raise PolicyDenied(
-                        f"round {index}: blocked by policy", code=code, details=where
-                    )
-                case Escalate() as escalate:
-                    self._skip(index, call_index, ledger, "the policy escalated the batch")
-                    raise PolicyDenied(
-                        f"round {index}: escalated to a human queue",
-                        details={**where, "to": list(escalate.to)},
-                        run_status=escalate.run_status,
-                    )
-                case Suspend() as ask:
-                    try:
-                        launch = await self._approval(
-                            index, call_index, decision, ask, launch, fallback, ledger
-                        )
-                    except UnattendedError as stop:
-                        self._skip(index, call_index, ledger, f"the approval ended: {stop.code}")
-                        raise
-                case Continue(modified=modified):
-                    if modified:
-                        launch.candidates = [list(c) for c in modified]
-                case _:
-                    assert_never(decision.outcome)
+                except UnattendedError as ended:
+                    self._skip(index, call_index, ledger, f"the approval ended: {ended.code}")
+                    raise
+                self.store.record_candidate_fates(
+                    self.name, index, call_index, self._settle(ledger, launch, fallback)
+                )
             break
-        self.store.record_candidate_fates(
-            self.name,
-            index,
-            call_index,
-            ledger.settle(
-                launch.candidates,
-                fallback.candidates,
-                struck_by=launch.struck_by,
-                reason=f"struck by approver {launch.struck_by}"
-                if launch.struck_by
-                else "not in the batch that ran",
-            ),
-        )
         await self._run_batch(index, launch)
 
     async def _gate(
@@ -372,14 +360,11 @@ class CampaignEngine:
         settled = next((a for a in recorded if a.rejected_by is None), None)
         if settled is not None:
             self.planner.skip(len(recorded))
-            outcome = Outcome[Proposal].model_construct(
+            return Outcome[Proposal].model_construct(
                 value=settled.value, disposition="accepted", attempts=tuple(recorded)
             )
-            self.store.finish_gate_call(gate_id, "accepted", len(recorded))
-            return outcome
         if len(recorded) >= spec.attempts:
             self.planner.skip(len(recorded))
-            self.store.finish_gate_call(gate_id, "fallback", len(recorded))
             return Outcome[Proposal].model_construct(
                 value=fallback.to_proposal(), disposition="fallback", attempts=tuple(recorded)
             )
@@ -432,9 +417,6 @@ class CampaignEngine:
             name="planner",
             on_failed_attempt=record_failure,
         )
-        self.store.finish_gate_call(
-            gate_id, outcome.disposition, len(outcome.attempts), attempts=outcome.attempts
-        )
         self.hooks.on_event(
             "gate",
             {"round": index, "disposition": outcome.disposition, "attempts": len(outcome.attempts)},
@@ -465,13 +447,15 @@ class CampaignEngine:
         launch: _Launch,
         fallback: FallbackBatch,
     ) -> CandidateLedger:
-        """Drop the candidates the policy's candidate rules refuse (topping up if it says so)."""
+        """Drop the candidates the policy's candidate rules refuse (topping up if it says so).
+
+        The refusals are recorded with the decision, or here if nothing is left to decide on.
+        """
         predictions = candidate_predictions(outcome.attempts, len(launch.candidates))
         if launch.disposition != "accepted":
             predictions = [None] * len(launch.candidates)  # the fallback was never verified
         context = self._context(index, call_index, launch)
         ledger = oversee(self.policy, context, launch.candidates, predictions, fallback.candidates)
-        self.store.record_candidate_fates(self.name, index, call_index, ledger.refused())
         launch.candidates = ledger.planned()
         launch.predictions = [
             predictions[i] if source == "proposal" else None
@@ -479,11 +463,79 @@ class CampaignEngine:
         ]
         launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
         if not launch.candidates:
+            self.store.record_candidate_fates(self.name, index, call_index, ledger.refused())
             raise PolicyDenied(
                 f"round {index}: the policy refused every candidate",
                 details={"round": index, "call_index": call_index},
             )
         return ledger
+
+    def _apply(
+        self,
+        index: int,
+        call_index: int,
+        decision: Decision,
+        ledger: CandidateLedger,
+        launch: _Launch,
+        fallback: FallbackBatch,
+    ) -> tuple[list[CandidateFateRecord], PolicyDenied | None]:
+        """Apply the decision to the batch: the fates to record with it, and how it stops.
+
+        A suspended batch's fates wait for the answer; its refused candidates do not.
+        """
+        where = {"round": index, "call_index": call_index}
+        # Exhaustive over policies.Outcome: a new kind fails type checking here.
+        match decision.outcome:
+            case Retry():
+                fates = ledger.skip("the policy refused the batch")
+                if call_index > self.loaded.spec.policy_retries:
+                    return fates, PolicyDenied(
+                        f"round {index}: policy retries exhausted", details=where
+                    )
+                return fates, None
+            case Block(code=code):
+                fates = ledger.skip("the policy blocked the batch")
+                return fates, PolicyDenied(
+                    f"round {index}: blocked by policy", code=code, details=where
+                )
+            case Escalate() as escalate:
+                fates = ledger.skip("the policy escalated the batch")
+                return fates, PolicyDenied(
+                    f"round {index}: escalated to a human queue",
+                    details={**where, "to": list(escalate.to)},
+                    run_status=escalate.run_status,
+                )
+            case Suspend():
+                return ledger.refused(), None
+            case Continue(modified=modified):
+                if modified:
+                    launch.candidates = [list(c) for c in modified]
+                return self._settle(ledger, launch, fallback), None
+            case _:
+                assert_never(decision.outcome)
+
+    @staticmethod
+    def _settle(
+        ledger: CandidateLedger, launch: _Launch, fallback: FallbackBatch
+    ) -> list[CandidateFateRecord]:
+        """Return every candidate's fate once ``launch`` is the batch that runs."""
+        return ledger.settle(
+            launch.candidates,
+            fallback.candidates,
+            struck_by=launch.struck_by,
+            reason=f"struck by approver {launch.struck_by}"
+            if launch.struck_by
+            else "not in the batch that ran",
+        )
+
+    def _end_call(self, end: GateCallEnd) -> None:
+        """Record a gate call's end without a decision; a store that fails logs, not masks."""
+        try:
+            self.store.finish_gate_call(
+                end.gate_call_id, end.disposition, end.attempts_used, attempts=end.attempts
+            )
+        except Exception:
+            log.warning("could not record the end of gate call %s", end.gate_call_id, exc_info=True)
 
     def _skip(self, index: int, call_index: int, ledger: CandidateLedger, reason: str) -> None:
         self.store.record_candidate_fates(self.name, index, call_index, ledger.skip(reason))

@@ -21,6 +21,7 @@ from flows._provenance import (
     CampaignStatus,
     CandidateFateRecord,
     Checkpoint,
+    GateCallEnd,
     TaskResultRecord,
 )
 
@@ -103,8 +104,19 @@ class CampaignStore(Protocol):
         """Record how the gate call ended, with its attempts not recorded yet, in one go."""
         ...
 
-    def record_decision(self, name: str, index: int, seq: int, record: Mapping[str, Any]) -> None:
-        """Record the round's policy decision number ``seq``."""
+    def record_decision(
+        self,
+        name: str,
+        index: int,
+        seq: int,
+        record: Mapping[str, Any],
+        *,
+        gate_call: GateCallEnd | None = None,
+        call_index: int | None = None,
+        fates: Iterable[CandidateFateRecord] = (),
+    ) -> None:
+        """Record the round's policy decision number ``seq``, in one transaction with
+        the end of the gate call it decided on and gate call ``call_index``'s fates."""
         ...
 
     def record_candidate_fates(

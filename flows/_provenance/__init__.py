@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         ApprovalRow,
         CandidateFateRecord,
         Checkpoint,
+        GateCallEnd,
         LeaseRow,
         TaskResultRecord,
     )
@@ -47,6 +48,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "ApprovalRow",
             "CandidateFateRecord",
             "Checkpoint",
+            "GateCallEnd",
             "LeaseRow",
             "TaskResultRecord",
         ],
@@ -65,6 +67,7 @@ __all__ = [
     "CandidateFateRecord",
     "Checkpoint",
     "DecisionMismatch",
+    "GateCallEnd",
     "LeaseRow",
     "ProvenanceDatabaseError",
     "ProvenanceStore",

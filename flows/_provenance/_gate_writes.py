@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from flows._provenance._rows import CandidateFateRecord, jsonable, now
+from flows._provenance._rows import CandidateFateRecord, GateCallEnd, jsonable, now
 from flows._provenance._schema import (
     CANDIDATE_FATES,
     CANDIDATE_SOURCES,
@@ -179,35 +179,40 @@ class GateWrites(StoreBase):
         ``attempts`` not recorded yet are recorded in the same transaction (as
         :meth:`record_attempts` does): the call's end and its attempts land together.
         """
-        check_choice(disposition, DISPOSITIONS, "disposition")
-        rows = [_attempt_values(gate_call_id, a) for a in attempts]
+        end = GateCallEnd(gate_call_id, disposition, attempts_used, tuple(attempts))
+        rows = _end_rows(end)
+        self._write(lambda connection: _finish_call(connection, end, rows))
 
-        def work(connection: Connection) -> None:
-            result = connection.execute(
-                update(GATE_CALLS)
-                .where(GATE_CALLS.c.id == gate_call_id)
-                .values(disposition=disposition, attempts_used=attempts_used)
-            )
-            if result.rowcount == 0:
-                raise NotFound(
-                    f"no gate call with id {gate_call_id}", details={"gate_call_id": gate_call_id}
-                )
-            _insert_attempts(connection, gate_call_id, rows)
-
-        self._write(work)
-
-    def record_decision(self, name: str, index: int, seq: int, record: Mapping[str, Any]) -> None:
+    def record_decision(
+        self,
+        name: str,
+        index: int,
+        seq: int,
+        record: Mapping[str, Any],
+        *,
+        gate_call: GateCallEnd | None = None,
+        call_index: int | None = None,
+        fates: Iterable[CandidateFateRecord] = (),
+    ) -> None:
         """Record the policy decision ``seq`` of a round (``Decision.to_record()``).
 
-        Known keys fill their columns; any other key is kept in ``extra``.
+        Known keys fill their columns; any other key is kept in ``extra``. With
+        ``gate_call``, the end of the call decided on (as :meth:`finish_gate_call`)
+        and with ``fates``, what became of gate call ``call_index``'s candidates
+        (as :meth:`record_candidate_fates`) land in the same transaction: the
+        decision is one commit, not three.
         """
         if not record.get("outcome"):
             raise ValidationFailed("decision record needs an outcome", details={"field": "outcome"})
         data = jsonable(dict(record))
         values = {k: data.get(k) for k in _DECISION_FIELDS}
         extra = {k: v for k, v in data.items() if k not in _DECISION_FIELDS}
+        fate_rows = _fate_rows(index, call_index, fates)
+        end_rows = _end_rows(gate_call) if gate_call is not None else []
 
         def work(connection: Connection) -> None:
+            if gate_call is not None:
+                _finish_call(connection, gate_call, end_rows)
             cid = self._id(connection, name)
             self._ensure_round(connection, cid, index)
             insert_ignore(
@@ -223,6 +228,7 @@ class GateWrites(StoreBase):
                 },
                 ("campaign_id", "round_index", "seq"),
             )
+            _insert_fates(connection, cid, fate_rows)
 
         self._write(work)
 
@@ -235,38 +241,77 @@ class GateWrites(StoreBase):
         recorded for a candidate stands, so a replay, which derives the same fates,
         records nothing twice.
         """
-        rows = []
-        for fate in fates:
-            check_choice(fate.fate, CANDIDATE_FATES, "fate")
-            check_choice(fate.source, CANDIDATE_SOURCES, "source")
-            rows.append(
-                {
-                    "round_index": index,
-                    "call_index": call_index,
-                    "source": fate.source,
-                    "candidate_index": fate.index,
-                    "candidate": [float(v) for v in fate.candidate],
-                    "fate": fate.fate,
-                    "rule": fate.rule,
-                    "actor": fate.actor,
-                    "reason": fate.reason,
-                }
-            )
+        rows = _fate_rows(index, call_index, fates)
         if not rows:
             return
 
         def work(connection: Connection) -> None:
             cid = self._id(connection, name)
             self._ensure_round(connection, cid, index)
-            stamp = now()
-            insert_ignore(
-                connection,
-                FATES,
-                [{**row, "campaign_id": cid, "recorded_at": stamp} for row in rows],
-                ("campaign_id", "round_index", "call_index", "source", "candidate_index"),
-            )
+            _insert_fates(connection, cid, rows)
 
         self._write(work)
+
+
+def _end_rows(end: GateCallEnd) -> list[dict[str, Any]]:
+    """Return the attempt rows of a gate call's end, its disposition checked."""
+    check_choice(end.disposition, DISPOSITIONS, "disposition")
+    return [_attempt_values(end.gate_call_id, a) for a in end.attempts]
+
+
+def _finish_call(connection: Connection, end: GateCallEnd, rows: list[dict[str, Any]]) -> None:
+    """Set a gate call's disposition and attempts used; insert its attempts not recorded."""
+    result = connection.execute(
+        update(GATE_CALLS).where(GATE_CALLS.c.id == end.gate_call_id),
+        {"disposition": end.disposition, "attempts_used": end.attempts_used},
+    )
+    if result.rowcount == 0:
+        raise NotFound(
+            f"no gate call with id {end.gate_call_id}",
+            details={"gate_call_id": end.gate_call_id},
+        )
+    _insert_attempts(connection, end.gate_call_id, rows)
+
+
+def _fate_rows(
+    index: int, call_index: int | None, fates: Iterable[CandidateFateRecord]
+) -> list[dict[str, Any]]:
+    """Return candidate-fate rows of gate call ``call_index``, each fate and source checked."""
+    rows = []
+    for fate in fates:
+        if call_index is None:
+            raise ValidationFailed(
+                "candidate fates need the gate call's index", details={"field": "call_index"}
+            )
+        check_choice(fate.fate, CANDIDATE_FATES, "fate")
+        check_choice(fate.source, CANDIDATE_SOURCES, "source")
+        rows.append(
+            {
+                "round_index": index,
+                "call_index": call_index,
+                "source": fate.source,
+                "candidate_index": fate.index,
+                "candidate": [float(v) for v in fate.candidate],
+                "fate": fate.fate,
+                "rule": fate.rule,
+                "actor": fate.actor,
+                "reason": fate.reason,
+            }
+        )
+    return rows
+
+
+def _insert_fates(connection: Connection, campaign: int, rows: list[dict[str, Any]]) -> None:
+    """Insert fate rows; the first fate recorded for a candidate stands."""
+    if not rows:
+        return
+    stamp = now()
+    insert_ignore(
+        connection,
+        FATES,
+        [{**row, "campaign_id": campaign, "recorded_at": stamp} for row in rows],
+        ("campaign_id", "round_index", "call_index", "source", "candidate_index"),
+    )
 
 
 def _insert_attempts(connection: Connection, gate_call_id: int, rows: list[dict[str, Any]]) -> None:

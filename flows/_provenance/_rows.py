@@ -69,6 +69,19 @@ class CandidateFateRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class GateCallEnd:
+    """How a gate call ended, to record with the decision taken on it.
+
+    ``attempts`` are the call's attempts; those already recorded stand.
+    """
+
+    gate_call_id: int
+    disposition: str
+    attempts_used: int
+    attempts: tuple[Any, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class ApprovalEventRecord:
     """One decision attempt on an approval (``allowed`` False: a refused approver)."""
 

@@ -292,6 +292,7 @@ class TestImports:
             "CandidateFateRecord",
             "Checkpoint",
             "DecisionMismatch",
+            "GateCallEnd",
             "LeaseRow",
             "ProvenanceDatabaseError",
             "ProvenanceStore",

@@ -9,7 +9,13 @@ import pytest
 from sqlalchemy import func, select
 
 from acceptance import Attempt, Verdict
-from flows._provenance import ApprovalRow, Checkpoint, TaskResultRecord
+from flows._provenance import (
+    ApprovalRow,
+    CandidateFateRecord,
+    Checkpoint,
+    GateCallEnd,
+    TaskResultRecord,
+)
 from flows._provenance._schema import AttemptRow, PolicyDecision, TaskResultRow, table
 from policies import InternalError, NotFound, SpecInvalid, ValidationFailed
 
@@ -292,6 +298,58 @@ class TestGate:
         )
         [round_row] = store.summary("c")["rounds"]
         assert datetime.fromisoformat(round_row["started_at"]) == began
+
+    def test_a_decision_lands_with_the_call_it_decided_on_and_its_fates(self, store: Any) -> None:
+        call = self._call(store)
+        store.record_attempt(call, Attempt(number=1, value=1, rejected_by="b", duration=0.0))
+        last = Attempt(number=2, value=2, duration=0.0)
+        fates = [
+            CandidateFateRecord("proposal", 0, [0.1], "refused", rule="r"),
+            CandidateFateRecord("proposal", 1, [0.2], "launched"),
+        ]
+        store.record_decision(
+            "c",
+            3,
+            1,
+            {"outcome": "continue"},
+            gate_call=GateCallEnd(call, "accepted", 2, (last,)),
+            call_index=0,
+            fates=fates,
+        )
+        [row] = store.gate_calls("c", 3)
+        assert (row["disposition"], row["attempts_used"]) == ("accepted", 2)
+        assert [a["number"] for a in store.attempts(call)] == [1, 2]
+        assert [d["outcome"] for d in store.decisions("c", 3)] == ["continue"]
+        view = store.round_view("c", 3)["candidates"]
+        assert [(f["call_index"], f["candidate_index"], f["fate"]) for f in view] == [
+            (0, 0, "refused"),
+            (0, 1, "launched"),
+        ]
+
+    def test_a_decision_on_an_unknown_call_records_nothing(self, store: Any) -> None:
+        self._call(store)
+        launched = CandidateFateRecord("proposal", 0, [0.1], "launched")
+        with pytest.raises(NotFound, match="gate call"):
+            store.record_decision(
+                "c",
+                3,
+                1,
+                {"outcome": "continue"},
+                gate_call=GateCallEnd(999, "accepted", 1, (Attempt(number=1, duration=0.0),)),
+                call_index=0,
+                fates=[launched],
+            )
+        assert store.decisions("c", 3) == []
+        assert store.round_view("c", 3)["candidates"] == []
+        assert _count(store, AttemptRow) == 0
+
+    def test_fates_without_their_gate_call_are_refused_naming_the_field(self, store: Any) -> None:
+        self._call(store)
+        launched = CandidateFateRecord("proposal", 0, [0.1], "launched")
+        with pytest.raises(ValidationFailed) as caught:
+            store.record_decision("c", 3, 1, {"outcome": "continue"}, fates=[launched])
+        assert caught.value.details == {"field": "call_index"}
+        assert store.decisions("c", 3) == []
 
     def test_a_second_gate_call_in_a_round_gets_its_own_row(self, store: Any) -> None:
         first = self._call(store)

@@ -134,6 +134,11 @@ class TestCandidateRulesInTheEngine:
         view = _round(tmp_path, capsys)
         assert view["batches"] == []
         assert {c["fate"] for c in view["candidates"]} == {"refused"}
+        # No decision was taken on the call, and its end is recorded all the same.
+        assert view["decisions"] == []
+        assert [(g["disposition"], g["attempts_used"]) for g in view["gate_calls"]] == [
+            ("accepted", 2)
+        ]
 
 
 class TestCandidatesAndApprovals:
