@@ -33,6 +33,7 @@ pytestmark = [
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
 UI_TIMEOUT_MS = 60_000  # the first page load took 7 s on a busy 2-core box; allow for worse
+PICK_TIMEOUT_MS = 10_000  # a click on an option that waits longer is dispatched instead
 
 
 def demo_copy(tmp_path: Path, name: str, *, require_proof: bool = False) -> Path:
@@ -129,8 +130,21 @@ async def open_resume_form(
 
 async def pick(dialog: Any, field: str, option: str) -> None:
     """Choose ``option`` in the select labelled ``field`` (Decision, Approver)."""
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import expect
+
     await dialog.get_by_role("button", name=f"Select {field}").click()
-    await dialog.page.get_by_role("option", name=option, exact=True).click()
+    choice = dialog.page.get_by_role("option", name=option, exact=True)
+    try:
+        await choice.click(timeout=PICK_TIMEOUT_MS)
+    except PlaywrightError:
+        # On a loaded machine the open list can be re-rendered under the pointer for as
+        # long as the click waits ("element is not stable", "detached from the DOM"),
+        # where a person's click lands all the same: click the option where it is now.
+        if await dialog.page.get_by_role("listbox").is_visible():
+            await choice.dispatch_event("click")
+    # Choosing closes the list; a click that did not choose leaves it open and fails here.
+    await expect(dialog.page.get_by_role("listbox")).to_be_hidden()
 
 
 async def fill_form(
