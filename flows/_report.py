@@ -50,7 +50,7 @@ def _accepted(store: ProvenanceStore, cid: int) -> dict[int, dict[str, Any]]:
 
     The last accepted call of a round wins.
     """
-    from flows._engine._simulation import PREDICTION_SCORE  # the name the engine records
+    from flows._provenance._rows import PREDICTION_SCORE  # the name the engine records
 
     g, a = tables.GATE_CALLS.c, tables.ATTEMPTS.c
     query = (

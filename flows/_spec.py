@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from flows._masking import notify_secrets_masked
 from flows._paths import absolute, file_problem
 from policies import SpecInvalid, UnattendedError
 from tasks import NotifyConfig
@@ -376,28 +377,6 @@ def read_campaign(
     if isinstance(policy, str):
         problems += _policy_problems(file, policy)
     return loaded, problems
-
-
-def notify_secrets_masked(raw: dict[str, Any]) -> dict[str, Any]:
-    """Return ``raw`` with ``[notify]``'s URLs shown as ``<secret scheme://host>``.
-
-    The raw spec is what the provenance records (and ``inspect``/``export`` show); an
-    Apprise or webhook URL carries its service's token, so only its scheme and host go.
-    """
-    notify = raw.get("notify")
-    if not isinstance(notify, dict):
-        return raw
-    from flows._engine._notify import channel_name
-
-    def mask(url: object) -> object:
-        return f"<secret {channel_name(url)}>" if isinstance(url, str) else url
-
-    masked = dict(notify)
-    if "webhook_url" in masked:
-        masked["webhook_url"] = mask(masked["webhook_url"])
-    if isinstance(masked.get("urls"), list):
-        masked["urls"] = [mask(url) for url in masked["urls"]]
-    return {**raw, "notify": masked}
 
 
 def _named(spec_file: Path, relative: str) -> Path:

@@ -103,7 +103,7 @@ def export_graph(location: str, name: str, *, fmt: str, output: str | None) -> i
     store = ProvenanceStore.open(location, read_only=True)
     try:
         if fmt == "ro-crate":
-            from flows._provenance._crate import write_crate
+            from flows._crate import write_crate
 
             target = Path(output or f"{name}-ro-crate").expanduser()
             try:

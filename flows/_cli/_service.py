@@ -151,7 +151,7 @@ def show_stored_completion(spec: str, site: str | None) -> bool:
             rounds = read_progress(store, name)
     except Exception:  # noqa: BLE001  # no readable record: submit as usual, the flow reports it
         return False
-    from flows._spec import notify_secrets_masked
+    from flows._masking import notify_secrets_masked
 
     spec_now = jsonable(checked.loaded.raw)  # its [notify] URLs masked, as it is recorded
     # A record made before URLs were masked holds them in clear: mask it alike to compare.

@@ -19,10 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flows._provenance import CandidateFateRecord
+from flows._provenance._rows import PREDICTION_SCORE
 from policies import CandidateView, Policy, RoundContext
-
-# The score each candidate's verifier prediction is recorded under: ``<name>.<index>``.
-CANDIDATE_PREDICTION = "verifier_prediction"
 
 
 def candidate_predictions(attempts: Sequence[Any], size: int) -> list[float | None]:
@@ -31,7 +29,7 @@ def candidate_predictions(attempts: Sequence[Any], size: int) -> list[float | No
     scores = dict(getattr(accepted, "scores", None) or {})
     predictions: list[float | None] = []
     for position in range(size):
-        value = scores.get(f"{CANDIDATE_PREDICTION}.{position}")
+        value = scores.get(f"{PREDICTION_SCORE}.{position}")
         number = float(value) if isinstance(value, int | float | str) else math.nan
         predictions.append(None if math.isnan(number) else number)
     return predictions

@@ -30,11 +30,9 @@ masked, as they would otherwise show the path or the whole URL.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
-import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +43,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
+from flows._masking import channel_name
 from flows._paths import append_private
 from tasks import NotifyConfig
 
@@ -58,7 +57,6 @@ _KINDS = {"suspend": "suspend", "failed": "failed", "recovered": "recovered"}
 # (each request's path).
 _CHATTY_LOGGERS = ("apprise", "urllib3.connectionpool")
 _MASK = "***"
-_HOST = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+$")
 
 
 class Channel(NamedTuple):
@@ -67,32 +65,6 @@ class Channel(NamedTuple):
     name: str
     url: str
     whole_text: bool  # the text goes in the body as it is (no title): the webhook's payload
-
-
-def channel_name(url: str) -> str:
-    """Return ``scheme://host`` for ``url``, or ``scheme`` where the host is not a host.
-
-    Many Apprise URLs carry a token where a host would be (``tgram://BOTTOKEN/...``,
-    ``discord://ID/TOKEN``, ``ntfy://TOPIC``): only a DNS name, an IP address or
-    ``localhost`` is shown.
-    """
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-    except ValueError:
-        return "invalid"
-    scheme = parts.scheme.lower() or "invalid"
-    if host == "localhost" or _HOST.match(host) or _is_ip(host):
-        return f"{scheme}://{host}"
-    return scheme
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def secret_parts(url: str) -> list[str]:

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flows._engine._candidates import CANDIDATE_PREDICTION
 from flows._engine._failpoints import after_call, failpoint
 from flows._engine._round import (
     VERIFIER_CHECK,
@@ -33,6 +32,7 @@ from flows._engine._round import (
     RunBatch,
 )
 from flows._engine._store import CampaignStore, SimulationResult
+from flows._provenance._rows import PREDICTION_SCORE
 from flows._spec import LoadedSpec
 from tasks import (
     AllocationExecutor,
@@ -103,10 +103,6 @@ def build_run_batch(
     return run_batch
 
 
-# The score the verifier's prediction is recorded under on an accepted attempt.
-PREDICTION_SCORE = "verifier_prediction"
-
-
 def build_gate(
     executor: AllocationExecutor, loaded: LoadedSpec, site: SiteConfig | None = None
 ) -> tuple[list[ProposalCheck], list[ProposalScore]]:
@@ -169,7 +165,7 @@ def build_gate(
         def score(proposal: Proposal) -> float:
             return each.get(id(proposal), {}).get(position, math.nan)
 
-        score.__name__ = f"{CANDIDATE_PREDICTION}.{position}"
+        score.__name__ = f"{PREDICTION_SCORE}.{position}"
         return score
 
     per_candidate = [candidate_prediction(i) for i in range(loaded.spec.batch_size)]

@@ -16,6 +16,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+# The score a verifier's prediction is recorded under on an accepted attempt: the batch's
+# as ``verifier_prediction``, each candidate's as ``verifier_prediction.<index>``. The engine
+# records it and the report reads it, so the name lives with the records.
+PREDICTION_SCORE = "verifier_prediction"
+
 TASK_RESULT_FIELDS = (
     "index",
     "key",

@@ -1,7 +1,7 @@
 """The campaign as one graph of agents, inputs and actions, read in a single streamed pass.
 
 ``unattended export --format ro-crate`` and ``--format prov`` write the same graph
-(:mod:`flows._provenance._crate`, :mod:`flows._provenance._prov`); this module reads
+(:mod:`flows._crate`, :mod:`flows._provenance._prov`); this module reads
 it from the provenance database alone and yields it item by item, so a campaign of
 a million attempts never sits in memory: attempts are streamed, and everything else
 is read a round, a batch or an approval at a time.
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from flows._masking import notify_secrets_masked
 from flows._provenance import _queries as sql
 from flows._provenance._readers import allocations, approval, require_campaign, task_records
 from flows._provenance._sql import Reader, columns
@@ -188,8 +189,6 @@ def person_id(name: str) -> str:
 
 def masked_spec(spec: Any) -> dict[str, Any]:
     """Return the recorded spec with its notify URLs masked (older records kept them)."""
-    from flows._spec import notify_secrets_masked
-
     return notify_secrets_masked(spec) if isinstance(spec, dict) else {}
 
 

@@ -19,7 +19,8 @@ import pytest
 
 from flows._cli import main
 from flows._engine._direct import run_direct
-from flows._engine._notify import Notifier, channel_name, channels, secret_parts
+from flows._engine._notify import Notifier, channels, secret_parts
+from flows._masking import channel_name
 from flows._provenance import ProvenanceStore
 from tasks import NotifyConfig
 

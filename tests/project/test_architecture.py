@@ -4,9 +4,11 @@
   (``flows._engine``) never does, and neither do ``acceptance``, ``policies``,
   ``tasks``.
 - ``flows._cli`` is the only place in ``flows`` that prints.
-- The sub-packages of ``flows`` depend one way: the CLI on everything, the Prefect
-  wing on the engine and the store, the engine on the store's records only
-  through its protocol, the store on nothing above it.
+- Every module of ``flows`` belongs to one named layer (``LAYERS``), and what it
+  imports, followed transitively, stays in its own layer or the layers it may use:
+  the foundations use nothing, the store never reaches the spec, the engine, the
+  report or the crate; the engine never reaches the Prefect wing or the CLI; the CLI
+  may use everything.
 - ``flows`` reaches ``acceptance``, ``policies`` and ``tasks`` through their public
   names only.
 - No import cycle between modules, anywhere.
@@ -65,11 +67,34 @@ def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _lazy_submodules(module: str, node: ast.AST) -> set[str]:
+    """Return the submodules a ``lazy_loader.attach(..., submod_attrs={...})`` call loads."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "attach"
+    ):
+        return set()
+    for keyword in node.keywords:
+        if keyword.arg == "submod_attrs" and isinstance(keyword.value, ast.Dict):
+            return {
+                f"{module}.{key.value}"
+                for key in keyword.value.keys
+                if isinstance(key, ast.Constant) and isinstance(key.value, str)
+            }
+    return set()
+
+
 def _imports(module: str) -> set[str]:
-    """Return what ``module`` imports at run time (``from a import b``: ``a.b`` if a module)."""
+    """Return what ``module`` imports at run time (``from a import b``: ``a.b`` if a module).
+
+    A package whose names load on first use (``lazy_loader.attach``) imports the
+    submodules it names: using one of its names runs them.
+    """
     tree = ast.parse(SOURCES[module].read_text())
     found: set[str] = set()
     for node in _runtime_nodes(tree):
+        found |= _lazy_submodules(module, node)
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -113,6 +138,80 @@ class TestPrefectStaysInItsWing:
 
     def test_the_prefect_wing_never_imports_the_cli(self):
         assert _offenders(_under("flows._prefect"), ("flows._cli",)) == {}
+
+
+# The layers of ``flows``, bottom to top: name -> (its modules, the layers it may use).
+# A module is in the layer of its longest matching prefix; ``flows`` itself (the public
+# names) is the CLI's layer, the top.
+LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "foundations": (("flows._paths", "flows._settings", "flows._telemetry", "flows._masking"), ()),
+    "spec": (("flows._spec",), ("foundations",)),
+    "store": (("flows._provenance",), ("foundations",)),
+    "engine": (("flows._engine",), ("foundations", "spec", "store")),
+    "check": (("flows._check",), ("foundations", "spec", "store", "engine")),
+    "replay": (("flows._replay",), ("foundations", "spec", "store", "engine")),
+    "report": (
+        ("flows._report", "flows._report_approvals", "flows._report_figures"),
+        ("foundations", "store"),
+    ),
+    "crate": (("flows._crate",), ("foundations", "store", "report")),
+    "prefect": (("flows._prefect",), ("foundations", "spec", "store", "engine", "check")),
+    "cli": (
+        ("flows", "flows._cli"),
+        ("foundations", "spec", "store", "engine", "check", "replay", "report", "crate", "prefect"),
+    ),
+}
+
+
+def _layer(module: str) -> str | None:
+    """Return the layer ``module`` of ``flows`` belongs to (longest prefix), or None."""
+    matches = [
+        (len(prefix), name)
+        for name, (prefixes, _) in LAYERS.items()
+        for prefix in prefixes
+        if module == prefix or (prefix != "flows" and module.startswith(prefix + "."))
+    ]
+    return max(matches)[1] if matches else None
+
+
+def _reached(module: str) -> set[str]:
+    """Return every module of the project that importing ``module`` runs, transitively."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for name in IMPORTS[todo.pop()]:
+            if name in SOURCES and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    seen.discard(module)
+    return seen
+
+
+class TestLayers:
+    def test_every_module_of_flows_is_in_a_named_layer(self):
+        assert [m for m in _under("flows") if _layer(m) is None] == []
+
+    @pytest.mark.parametrize("layer", list(LAYERS))
+    def test_a_layer_reaches_only_itself_and_the_layers_it_may_use(self, layer):
+        allowed = {layer, *LAYERS[layer][1]}
+        leaks = {}
+        for module in (m for m in _under("flows") if _layer(m) == layer):
+            outside = sorted(
+                f"{name} ({_layer(name)})"
+                for name in _reached(module)
+                if name.startswith("flows") and _layer(name) not in allowed
+            )
+            if outside:
+                leaks[module] = outside
+        assert leaks == {}
+
+    def test_the_layers_follow_imports_transitively(self):
+        # What the rule is for: a direct import of an allowed layer can still carry
+        # a module of a forbidden one (the store once reached the engine through the
+        # spec, the report and the crate builder).
+        reached = _reached("flows._provenance._store")
+        assert "flows._provenance._schema" in reached  # through the lazy package
+        assert not any(_layer(name) in {"engine", "spec", "report"} for name in reached)
 
 
 class TestOnlyTheCliPrints:

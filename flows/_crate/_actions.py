@@ -1,6 +1,6 @@
 """The crate's actions: each graph action as ``rocrate`` entities, appended as they come.
 
-Part of ``export --format ro-crate`` (:mod:`flows._provenance._crate`): an
+Part of ``export --format ro-crate`` (:mod:`flows._crate`): an
 :class:`ActionWriter` turns each :class:`~flows._provenance._run_graph.Action` into its
 ``CreateAction`` (or ``CreateAction`` + ``AssessAction`` for decisions and approvals),
 the ``PropertyValue`` entities of its values, its ``Place`` (node and Slurm job) on

@@ -25,7 +25,7 @@ the metadata as one ``json.dumps``, so the fixed part (root, workflow, tools,
 inputs, files: a few dozen entities) is a :class:`rocrate.rocrate.ROCrate`, and the
 actions (millions for a big campaign) are ``rocrate`` entities made one at a time
 and appended to ``ro-crate-metadata.json`` as they come
-(:mod:`flows._provenance._crate_actions`): memory stays flat in the number of
+(:mod:`flows._crate._actions`): memory stays flat in the number of
 attempts. The crate appears whole or not at all (written beside the target, then
 renamed; a ``.zip`` is written from the finished folder).
 """
@@ -45,9 +45,9 @@ from typing import IO, Any, Final
 from rocrate.model import ComputerLanguage, ContextEntity
 from rocrate.rocrate import ROCrate
 
+from flows._crate._actions import STATUS, ActionWriter, agent_id, ref, refs
 from flows._paths import private_dir
 from flows._provenance import _export
-from flows._provenance._crate_actions import STATUS, ActionWriter, agent_id, ref, refs
 from flows._provenance._prov import ProvWriter
 from flows._provenance._run_graph import (
     KINDS,
