@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -36,6 +37,32 @@ def state_dir_from(explicit: str | Path | None, env: Mapping[str, str]) -> Path:
     if home:  # empty counts as unset, as in Settings
         return Path(home).expanduser().resolve()
     return (Path(env.get("HOME") or Path.home()) / ".unattended").resolve()
+
+
+# ``-s``: no user site; ``-P``: neither the script's folder nor the working folder goes on
+# ``sys.path`` (``python -m`` puts the folder it was started from first: a shared folder
+# another user planted ``flows/`` in). Not ``-I``: it also drops ``PYTHONPATH``, which is
+# how a login node's module-loaded Python (and the benchmarks' before/after) finds the
+# code; the environment is the caller's own choice, a folder is not. Children inherit
+# both flags (multiprocessing passes them on), and start from a private folder
+# (``runner_dir``), so an empty ``PYTHONPATH`` entry names nobody else's folder either.
+ISOLATED_PYTHON_FLAGS: Final = ("-s", "-P")
+
+
+def python_argv(*args: str) -> list[str]:
+    """Return the argv that runs this interpreter on ``args`` apart from the caller's folder."""
+    return [sys.executable, *ISOLATED_PYTHON_FLAGS, *args]
+
+
+def runner_dir(state_dir: Path) -> Path:
+    """Return the runner's private working folder (0700), made if missing.
+
+    The runner and every process it starts (flow runs, their forkserver, Prefect's
+    ``python -m prefect.engine``, simulations) work from here, never from the folder
+    ``unattended`` was started in; Prefect's runner keeps its ``storage`` here too,
+    not in ``$TMPDIR/runner_storage``, which the first user of a login node owns.
+    """
+    return private_dir(state_dir / "runner")
 
 
 def campaign_dir(state_dir: Path, name: str) -> Path:

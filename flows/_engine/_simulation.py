@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -32,6 +31,7 @@ from flows._engine._round import (
     RunBatch,
 )
 from flows._engine._store import CampaignStore, SimulationResult
+from flows._paths import python_argv
 from flows._provenance._rows import PREDICTION_SCORE
 from flows._spec import LoadedSpec
 from tasks import (
@@ -53,7 +53,7 @@ def simulation_argv(loaded: LoadedSpec, *, fidelity: str = "high") -> list[str]:
     """Return the argv of one simulation (the demo objective unless the spec names one)."""
     objective = loaded.spec.objective
     if objective.simulation == "demo":
-        argv = [sys.executable, "-m", "tasks.demo.objective", "--fidelity", fidelity]
+        argv = python_argv("-m", "tasks.demo.objective", "--fidelity", fidelity)
         if objective.simulation_cost and fidelity == "high":
             argv += ["--cost", str(objective.simulation_cost)]
         return argv

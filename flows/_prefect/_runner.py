@@ -18,12 +18,14 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
 from prefect.runner import Runner
 from prefect.types.entrypoint import EntrypointType
 
+from flows._paths import private_dir
 from flows._prefect._nudge import NUDGE_SIGNAL
 from flows._prefect._warm_start import enable_warm_start, warm_start_wanted
 
@@ -52,6 +54,7 @@ def make_runner(
     query_seconds: float = RUNNER_QUERY_SECONDS,
     limit: int | None = None,
     warm_start: bool | None = None,
+    storage_dir: Path | None = None,
 ) -> Runner:
     """Return a ``Runner`` that polls every ``query_seconds`` and never pauses deployments.
 
@@ -62,13 +65,37 @@ def make_runner(
         warm_start: Fork flow runs from a pre-imported process
             (``flows._prefect._warm_start``); None reads ``UNATTENDED_WARM_START``
             (on unless ``0``).
+        storage_dir: A private folder (made 0700) for the runner's storage, instead of
+            Prefect's ``$TMPDIR/runner_storage`` (``keep_storage_in``).
     """
     if not query_seconds > 0:
         raise ValueError("query_seconds must be > 0")
     if warm_start if warm_start is not None else warm_start_wanted(os.environ):
         enable_warm_start()
     # pause_on_shutdown would mark our deployments paused every time a runner stops.
-    return Runner(name=name, query_seconds=query_seconds, limit=limit, pause_on_shutdown=False)
+    runner = Runner(name=name, query_seconds=query_seconds, limit=limit, pause_on_shutdown=False)
+    if storage_dir is not None:
+        keep_storage_in(runner, storage_dir)
+    return runner
+
+
+def keep_storage_in(runner: Runner, folder: Path) -> None:
+    """Make ``runner`` keep its storage in ``folder`` (0700), not under ``$TMPDIR``.
+
+    Prefect 3.9's ``Runner`` makes ``$TMPDIR/runner_storage/<uuid>`` when it starts, with
+    no parameter or setting to move it: on a shared login node the first user's runner
+    owns ``runner_storage`` (0700), and every other user's runner then dies at start
+    ("Permission denied"); another user can cause it on purpose. The folder is the
+    runner's private ``_tmp_dir`` (set in ``Runner.__init__``, made in ``__aenter__``,
+    removed at exit); a Prefect without it is refused rather than left on the shared one.
+    """
+    current = getattr(runner, "_tmp_dir", None)
+    if not isinstance(current, Path):
+        raise RuntimeError(
+            "this Prefect's Runner has no _tmp_dir (written against Prefect 3.9): its "
+            "storage cannot be kept out of the shared $TMPDIR/runner_storage"
+        )
+    runner._tmp_dir = private_dir(folder) / current.name
 
 
 def _deployment_options(

@@ -28,7 +28,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from flows._paths import (
     PRIVATE_UMASK,
     append_private,
     private_dir,
+    python_argv,
     read_private_file,
     write_private,
     write_private_file,
@@ -382,7 +382,7 @@ def start_server(
     env = server_env(config, os.environ if base_env is None else base_env, auth=auth)
     # Prefect's app and uvicorn, as `prefect server start` runs them, behind a retry of
     # the busy-database 503 answers (flows._prefect._server_main).
-    command = [sys.executable, "-m", "flows._prefect._server_main"]
+    command = python_argv("-m", "flows._prefect._server_main")  # not the caller's folder
     with os.fdopen(append_private(config.log_path), "ab") as log:
         process = subprocess.Popen(
             command,

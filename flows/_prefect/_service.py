@@ -53,7 +53,7 @@ from flows._engine._registration import (
     registrations,
     write_registration,
 )
-from flows._paths import HOME_VARIABLE, campaign_dir, private_dir, state_dir_from
+from flows._paths import HOME_VARIABLE, campaign_dir, private_dir, runner_dir, state_dir_from
 from flows._prefect import _rest as rest
 from flows._prefect._campaign import campaign_flow
 from flows._prefect._peer import guard_prefect_clients
@@ -87,6 +87,8 @@ ACTIVE_STATES = [
 ]
 
 _log = logging.getLogger(__name__)
+# How often a starting runner is looked at until Prefect says it started.
+_STARTED_POLL_SECONDS = 0.05
 # Longest pause between two looks for a server that went away.
 _SERVER_WAIT_MAX_SECONDS = 2.0
 # Prefect's own half of "one live run per campaign": a second run of the deployment
@@ -224,14 +226,21 @@ class CampaignService:
     ) -> None:
         self._runner_name = name or "unattended-login-node"
         self._query_seconds = query_seconds
-        self.runner: Runner = make_runner(name=self._runner_name, query_seconds=query_seconds)
-        settings = RecoverySettings.from_env(os.environ)
-        self.watch_seconds = settings.watchdog_seconds if watch_seconds is None else watch_seconds
         # Where `unattended submit` leaves requests for this runner (flows._prefect._submissions).
         self.state_dir = state_dir_from(state_dir, os.environ)
+        self.runner: Runner = self._make_runner()
+        settings = RecoverySettings.from_env(os.environ)
+        self.watch_seconds = settings.watchdog_seconds if watch_seconds is None else watch_seconds
         self._own_environment()
         self.watchdog = Watchdog(settings, self.state_dir)
         self._served: set[UUID] = set()
+
+    def _make_runner(self) -> Runner:
+        # Its storage in the state directory, never in the login node's shared $TMPDIR.
+        storage = runner_dir(self.state_dir) / "storage"
+        return make_runner(
+            name=self._runner_name, query_seconds=self._query_seconds, storage_dir=storage
+        )
 
     async def sync_deployments(self) -> int:
         """Serve this state directory's registered campaigns not served yet; return how many.
@@ -294,11 +303,18 @@ class CampaignService:
         await expire_approvals()
         await self.runner.start(run_once=True)
 
-    async def serve(self, on_listening: Callable[[], None] | None = None) -> None:
+    async def serve(
+        self,
+        on_listening: Callable[[], None] | None = None,
+        on_serving: Callable[[], None] | None = None,
+    ) -> None:
         """Serve until cancelled (SIGTERM or Ctrl-C); continue what crashed meanwhile.
 
         ``on_listening`` is called when Prefect's event stream is connected (and again
         after a reconnection): from then on a resume from the UI starts at once.
+        ``on_serving`` is called once the runner has started (its storage made, its
+        forkserver up) and has asked the server for due runs: it really serves
+        (again after the server came back).
         """
         # Submit and approve wake the watch now (flows._prefect._runner). Listen before
         # the first server call: a nudge that came earlier was ignored (SIG_IGN).
@@ -307,7 +323,7 @@ class CampaignService:
         try:
             while True:
                 try:
-                    await self._serve_with(nudges, on_listening)
+                    await self._serve_with(nudges, on_listening, on_serving)
                     return
                 except Exception as exc:
                     # Prefect's runner gives up after a few failed polls in a row. A server
@@ -322,9 +338,7 @@ class CampaignService:
                     )
                     await self._wait_for_server()
                     _log.warning("runner: the Prefect server is back; serving again")
-                    self.runner = make_runner(
-                        name=self._runner_name, query_seconds=self._query_seconds
-                    )
+                    self.runner = self._make_runner()
                     self._served = set()
         finally:
             nudges.close()
@@ -344,9 +358,29 @@ class CampaignService:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _SERVER_WAIT_MAX_SECONDS)
 
-    async def _serve_with(self, nudges: Nudges, on_listening: Callable[[], None] | None) -> None:
+    async def _serve_with(
+        self,
+        nudges: Nudges,
+        on_listening: Callable[[], None] | None,
+        on_serving: Callable[[], None] | None,
+    ) -> None:
         """Serve with the current runner until it stops (or fails)."""
         await self.sync_deployments()
+
+        async def announce() -> None:
+            # Prefect's runner says nothing when it is up: wait for it, then poll once
+            # ourselves (what its loop does), so "serving" means a poll went through.
+            while not self.runner.started:  # noqa: ASYNC110  # Prefect's flag, no event
+                await asyncio.sleep(_STARTED_POLL_SECONDS)
+            while True:
+                try:
+                    await poll_now(self.runner)
+                    break
+                except Exception as exc:  # noqa: BLE001  # not serving yet: asked again
+                    _log.warning("runner: the first poll failed (%s)", type(exc).__name__)
+                    await asyncio.sleep(self._query_seconds)
+            if on_serving is not None:
+                on_serving()
 
         async def intake() -> None:
             # Submissions and approvals' nudges, on their own: a submission waits at most
@@ -381,7 +415,11 @@ class CampaignService:
                     _log.warning("watchdog: %s; retrying", type(exc).__name__)
                 await asyncio.sleep(self.watch_seconds)
 
-        watchers = [asyncio.create_task(intake()), asyncio.create_task(watch())]
+        watchers = [
+            asyncio.create_task(intake()),
+            asyncio.create_task(watch()),
+            asyncio.create_task(announce()),
+        ]
         poll_soon = PollSoon(self.runner)
 
         async def due(flow_run: FlowRun) -> None:
