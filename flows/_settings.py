@@ -156,6 +156,16 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("UNATTENDED_WATCHDOG_SECONDS", "watchdog_seconds"),
         description="How often the runner's watchdog looks for orphaned runs (seconds).",
     )
+    runner_start_seconds: float = Field(
+        default=120.0,
+        ge=1,
+        le=3600,
+        validation_alias=AliasChoices("UNATTENDED_RUNNER_START_SECONDS", "runner_start_seconds"),
+        description=(
+            "How long 'serve --detach', 'up' and 'run' wait for a runner they started to "
+            "serve before they stop it and fail (seconds)."
+        ),
+    )
     max_continuations: int = Field(
         default=5,
         ge=1,

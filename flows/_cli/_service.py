@@ -20,10 +20,17 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from flows._cli._exit import EXIT_ANSWER_REFUSED, EXIT_BAD_INPUT, EXIT_FAILED, STATUS_EXIT, fail
-from flows._paths import PRIVATE_UMASK, append_private, state_dir_from, write_private
+from flows._paths import (
+    PRIVATE_UMASK,
+    append_private,
+    python_argv,
+    runner_dir,
+    state_dir_from,
+    write_private,
+)
 from flows._prefect._connect import connect, ui_url
 from flows._prefect._server import flow_run_ui_url
-from policies import NotFound, SpecInvalid, ValidationFailed
+from policies import NotFound, SpecInvalid, UnattendedError, ValidationFailed
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -50,6 +57,21 @@ def _runner_pid_file() -> Path:
 
 def _runner_lock_file() -> Path:
     return _state_dir() / "runner.lock"
+
+
+def _runner_serving_file() -> Path:
+    """The pid of the runner once it serves (``serve_foreground``); removed as it stops."""
+    return _state_dir() / "runner.serving"
+
+
+def _runner_log() -> Path:
+    return _state_dir() / "runner.log"
+
+
+class RunnerError(UnattendedError):
+    """The runner of this state directory did not start serving, or stopped serving."""
+
+    code = "internal"
 
 
 # ``runner_alive`` probes the lock with a shared lock held for an instant; an exclusive
@@ -224,42 +246,114 @@ def _runner_pid() -> int | None:
         return None
 
 
-def start_detached_runner(query_seconds: float = 1.0) -> int:
-    """Start ``unattended serve`` in its own session, logging under the state directory.
+def runner_serving() -> int | None:
+    """Return the pid of this state directory's runner once it serves (polls), else None."""
+    pid = runner_pid()
+    if pid is None:
+        return None
+    try:
+        said = int(_runner_serving_file().read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if said == pid else None
 
-    Idempotent (cron, scrontab): a runner that holds the lock is left alone and its
-    pid returned; two starts racing each other end with one runner, because the
+
+def runner_log_tail() -> str:
+    """Return the last line the runner logged (what it died of, usually), or a placeholder."""
+    try:
+        with _runner_log().open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 8192))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "(no runner log)"
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return last or "(the runner log is empty)"
+
+
+def start_detached_runner(query_seconds: float = 1.0) -> int:
+    """Start ``unattended serve`` in its own session; return its pid once it serves.
+
+    The runner runs apart from the caller's folder and user site (``python_argv``)
+    from its private folder under the state directory (``runner_dir``). Idempotent
+    (cron, scrontab): a runner that holds the lock is left alone and its pid returned
+    once it serves; two starts racing each other end with one runner, because the
     second one cannot take the lock and exits.
+
+    Raises:
+        RunnerError: The runner exited before it served (the message ends with
+            the last line of its log), or did not serve within
+            ``UNATTENDED_RUNNER_START_SECONDS`` (it is stopped then).
     """
     connect(start=False)
-    if runner_alive():
-        return _runner_pid() or 0
-    log = _state_dir() / "runner.log"
-    with os.fdopen(append_private(log), "ab") as handle:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "flows._cli", "serve", "--query-seconds", str(query_seconds)],
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ),
-            start_new_session=True,
-            umask=PRIVATE_UMASK,  # what its flow runs write under the state directory
-        )
-    write_private(_runner_pid_file(), str(process.pid))
-    # Return once it serves (holds the lock), or once it gave up to a runner that won a race.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None and not runner_alive():
-        time.sleep(0.1)
-    return _runner_pid() or process.pid
+    process = None
+    if not runner_alive():
+        home = _state_dir()
+        with os.fdopen(append_private(_runner_log()), "ab") as handle:
+            process = subprocess.Popen(
+                python_argv("-m", "flows._cli", "serve", "--query-seconds", str(query_seconds)),
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ),
+                cwd=runner_dir(home),
+                start_new_session=True,
+                umask=PRIVATE_UMASK,  # what its flow runs write under the state directory
+            )
+        write_private(_runner_pid_file(), str(process.pid))
+    return _until_serving(process)
+
+
+# How often a starting runner is looked at.
+_START_POLL_SECONDS = 0.1
+
+
+def _until_serving(process: subprocess.Popen[bytes] | None) -> int:
+    """Return the serving runner's pid; raise ``RunnerError`` if none will serve."""
+    from flows._settings import Settings
+
+    seconds = Settings.from_env(os.environ).runner_start_seconds
+    give_up = time.monotonic() + seconds
+    while True:
+        pid = runner_serving()
+        if pid is not None:
+            return pid
+        exited = process.poll() if process is not None else None
+        # Exited while another runner holds the lock: a start that lost a race to it.
+        if (exited is not None or process is None) and not runner_alive():
+            status = f"status {exited}" if exited is not None else "the runner another start began"
+            raise RunnerError(
+                f"the runner exited ({status}) before it served; the last line of "
+                f"{_runner_log()}: {runner_log_tail()}",
+                details={"log": str(_runner_log()), "exit_status": exited},
+            )
+        if time.monotonic() >= give_up:
+            if process is not None:
+                _stop_started(process)
+            raise RunnerError(
+                f"the runner did not serve within {seconds:g} s (UNATTENDED_RUNNER_START_SECONDS)"
+                f"{'; it was stopped' if process is not None else ''}; the last line of "
+                f"{_runner_log()}: {runner_log_tail()}",
+                details={"log": str(_runner_log()), "seconds": seconds},
+            )
+        time.sleep(_START_POLL_SECONDS)
+
+
+def _stop_started(process: subprocess.Popen[bytes]) -> None:
+    """Stop a runner this command started that never served: its whole process group."""
+    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+            return
 
 
 def ensure_runner() -> None:
     """Start the background runner unless one already serves this state directory."""
     if not runner_alive():
         pid = start_detached_runner()
-        print(
-            f"started the runner in the background (pid {pid}); log: {_state_dir() / 'runner.log'}"
-        )
+        print(f"started the runner in the background (pid {pid}); log: {_runner_log()}")
 
 
 def stop_runner() -> bool:
@@ -297,6 +391,8 @@ _SINGLE_THREADED_BLAS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THR
 
 # Printed to the runner's log once Prefect's event stream is connected.
 LISTENING_LINE = "woken by Prefect's event stream when a run is resumed or scheduled"
+# Printed to the runner's log once it polls for runs.
+SERVING_LINE = "serving: the runner polls for due runs"
 
 
 def serve_foreground(query_seconds: float) -> int:
@@ -313,6 +409,7 @@ def serve_foreground(query_seconds: float) -> int:
 
     # Flow runs inherit it: telemetry, work folders and Prefect's own files stay private.
     os.umask(PRIVATE_UMASK)
+    _leave_callers_folder()
     if _lock_runner(_runner_lock_file()) is None:
         print(f"a runner already serves {_state_dir()} (pid {_runner_pid()}); nothing to do")
         return 0
@@ -321,18 +418,46 @@ def serve_foreground(query_seconds: float) -> int:
     path = _runner_pid_file()
     write_private(path, str(os.getpid()))
     print(f"serving campaign runs from {os.environ.get('PREFECT_API_URL')}", flush=True)
+    serving = _runner_serving_file()
+
+    def say_serving() -> None:
+        # What a starting `serve --detach`, `up` or `run` waits for (``runner_serving``).
+        write_private(serving, str(os.getpid()))
+        print(SERVING_LINE, flush=True)
+
     try:
         asyncio.run(
             CampaignService(query_seconds=query_seconds).serve(
-                on_listening=lambda: print(LISTENING_LINE, flush=True)
+                on_listening=lambda: print(LISTENING_LINE, flush=True), on_serving=say_serving
             )
         )
     except KeyboardInterrupt:
         pass
     finally:
-        if path.exists() and path.read_text().strip() == str(os.getpid()):
-            path.unlink()
+        for mine in (path, serving):
+            with contextlib.suppress(OSError):
+                if mine.read_text().strip() == str(os.getpid()):
+                    mine.unlink()
     return 0
+
+
+def _leave_callers_folder() -> None:
+    """Work from the runner's private folder, with the caller's folder off ``sys.path``.
+
+    A runner started by hand (``unattended serve`` in a shared folder) would otherwise
+    hand that folder to what it starts: multiprocessing's forkserver and spawned flow
+    runs put their working folder first on ``sys.path``, Prefect's ``python -m
+    prefect.engine`` too, and ``python -m flows._cli`` put it there for this process.
+    """
+    try:
+        caller = os.getcwd()
+    except OSError:  # a folder removed since: nothing of it can be imported
+        caller = ""
+    os.chdir(runner_dir(_state_dir()))
+    # Only the first entry: where ``-m`` and ``-c`` put it. The same folder further on
+    # came from the installation (an editable install's .pth) and stays.
+    if sys.path and sys.path[0] in ("", ".", caller):
+        del sys.path[0]
 
 
 def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
@@ -348,12 +473,18 @@ def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
 
     progress = CampaignProgress(live=sys.stdout.isatty())
     last = None
+    # A runner that serves now and stops while the run goes on leaves nothing to run
+    # it: that is said, not waited on. (None: no runner here; another serves it, say.)
+    watched = runner_pid()
     try:
         with progress:
             while True:
+                runner_gone = watched is not None and not runner_alive()
                 flow_run = asyncio.run(read_run(flow_run_id))
                 state = flow_run.state
                 name = state.type.value if state else "UNKNOWN"
+                if runner_gone and name not in TERMINAL:
+                    break
                 progress.poll(flow_run)
                 if name != last:
                     progress.say(
@@ -371,6 +502,8 @@ def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
                 if name in TERMINAL:
                     break
                 time.sleep(1.0)
+        if name not in TERMINAL:
+            return _runner_died(flow_run, watched)
         return _final(flow_run)
     except KeyboardInterrupt:
         print(
@@ -379,6 +512,19 @@ def follow(flow_run_id: UUID, *, wait_for_approval: bool) -> int:
             file=sys.stderr,
         )
         return 130
+
+
+def _runner_died(flow_run: FlowRun, pid: int | None) -> int:
+    """Say that the runner stopped under a run that goes on; return the failure status."""
+    state = flow_run.state.name if flow_run.state else "UNKNOWN"
+    return fail(
+        f"the runner (pid {pid}) died (or was stopped) while flow run {flow_run.id} was "
+        f"{state}; nothing "
+        f"runs it until a runner serves this state directory again ('unattended serve "
+        f"--detach'; 'unattended status {flow_run.id}' shows the run). The last line of "
+        f"{_runner_log()}: {runner_log_tail()}",
+        EXIT_FAILED,
+    )
 
 
 def _final(flow_run: FlowRun) -> int:
