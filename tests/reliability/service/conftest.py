@@ -7,3 +7,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "input"))  # model_endpoint
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/: other_users, apt_get
