@@ -319,12 +319,16 @@ def _until_serving(process: subprocess.Popen[bytes] | None) -> int:
         if pid is not None:
             return pid
         exited = process.poll() if process is not None else None
-        # Exited while another runner holds the lock: a start that lost a race to it.
+        # No runner holds the lock and ours (if any) has exited: none will serve. Ours
+        # exited while another holds it: it lost a race to that one, which is waited for.
         if (exited is not None or process is None) and not runner_alive():
-            status = f"status {exited}" if exited is not None else "the runner another start began"
+            which = (
+                f"the runner exited (status {exited})"
+                if process is not None
+                else "the runner another start began exited"
+            )
             raise RunnerError(
-                f"the runner exited ({status}) before it served; the last line of "
-                f"{_runner_log()}: {runner_log_tail()}",
+                f"{which} before it served; the last line of {_runner_log()}: {runner_log_tail()}",
                 details={"log": str(_runner_log()), "exit_status": exited},
             )
         if time.monotonic() >= give_up:
