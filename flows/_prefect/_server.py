@@ -320,6 +320,11 @@ def server_env(
             # No network on a login node: analytics would only time out.
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+            # Prefect copies its UI into the installation (site-packages/prefect/server/
+            # ui_build) on first start: with a shared install, the first user's copy
+            # (0700 under our umask) stopped every other user's server. A copy per state
+            # directory is private and ours.
+            "PREFECT_SERVER_UI_STATIC_DIRECTORY": str(config.prefect_home / "ui"),
             "DO_NOT_TRACK": "1",
         }
     )
