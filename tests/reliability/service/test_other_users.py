@@ -6,9 +6,10 @@ Prefect server and runner:
 
 - **A planted package.** User B plants ``flows/``, ``tasks/``, ``prefect/``,
   ``multiprocessing/``... in a world-writable folder (1777); each writes a marker when
-  imported. User A runs ``up``, ``run`` and ``serve --detach`` from there: no marker, the
-  runner serves and the campaign completes (the runner, its forkserver, its flow runs and
-  the demo objective never look at the folder they were started from).
+  imported. User A runs ``up``, ``run``, ``serve`` (by hand) and ``serve --detach`` from
+  there: no marker, the runner serves and the campaigns complete (the runner, its
+  forkserver, its flow runs and the demo objective never look at the folder they were
+  started from).
 - **The second user of a login node.** Someone made ``$TMPDIR/runner_storage`` (0700)
   first; user A runs the README's first command (``unattended run
   examples/demo/campaign.toml``) with that TMPDIR: the campaign completes.
@@ -25,7 +26,8 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,15 @@ def _spec(user: LocalUser, name: str, source: str = "campaign.toml", **settings:
     return spec
 
 
+def _until(ready: Callable[[], bool], process: subprocess.Popen[bytes]) -> None:
+    """Wait until ``ready()`` (at most ``COMMAND_SECONDS``) while ``process`` runs."""
+    give_up = time.monotonic() + COMMAND_SECONDS
+    while not ready():
+        assert process.poll() is None, f"exited {process.returncode}"
+        assert time.monotonic() < give_up, "not ready in time"
+        time.sleep(0.1)
+
+
 def _said(done: subprocess.CompletedProcess[str]) -> str:
     return f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
 
@@ -155,6 +166,21 @@ class TestAPlantedPackage:
 
                 stopped = session.run("serve", "--stop", cwd=folder)
                 assert stopped.returncode == 0, _said(stopped)
+                # A runner started by hand in the folder: its forkserver and flow runs.
+                foreground = owner.popen(
+                    ["unattended", "serve"],
+                    cwd=folder,
+                    env=session.env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                try:
+                    _until(lambda: session.serving_pid() == foreground.pid, foreground)
+                    again = session.run("run", str(_spec(owner, "planted-by-hand")), cwd=folder)
+                    assert again.returncode == 0, _said(again) + session.runner_log()
+                finally:
+                    foreground.terminate()
+                    foreground.wait(timeout=60)
                 detached = session.run("serve", "--detach", cwd=folder)
                 assert detached.returncode == 0, _said(detached) + session.runner_log()
                 assert "runner started in the background" in detached.stdout, _said(detached)
