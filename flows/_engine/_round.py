@@ -745,6 +745,7 @@ class CampaignEngine:
                     "rule": request.rule,
                     "approvers": list(request.approvers),
                     "deadline": request.deadline.isoformat(timespec="seconds"),
+                    "request": request,  # the whole request, for the UI's evidence
                 },
             )
             failpoint("before_suspend")
@@ -780,7 +781,9 @@ class CampaignEngine:
             )
 
         def progress(result: SimulationResult) -> None:
-            self.hooks.on_event("task", {"round": index, "status": result.status})
+            self.hooks.on_event(
+                "task", {"round": index, "status": result.status, "of": len(launch.candidates)}
+            )
             failpoint("mid_batch")
 
         results = await self.hooks.step(

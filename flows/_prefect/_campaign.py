@@ -28,10 +28,12 @@ from flows._engine._approval import (
 )
 from flows._engine._direct import code_version, open_store, run_campaign
 from flows._engine._inputs import open_campaign
+from flows._engine._notify import chain
 from flows._engine._registration import Registration, judge_run
 from flows._engine._round import CampaignResult, Hooks
 from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._prefect._approval_form import Approval, approval_form
+from flows._prefect._artifacts import ui_observer
 from flows._prefect._connect import ui_url
 from flows._prefect._endings import record_failure
 from flows._prefect._logging import install_log_filters
@@ -247,7 +249,7 @@ async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
                 step=_as_task,
                 suspend=_suspend_for,
                 flow_run_id=flow_run_id,
-                on_event=_event_logger(),
+                on_event=chain(_event_logger(), ui_observer(loaded.spec.name, store, flow_run_id)),
             ),
             env=os.environ,
             work_dir=directory,
