@@ -306,6 +306,64 @@ class TestSecrets:
         spec = json.loads((crates["demo"] / "spec.json").read_text())
         assert [url.startswith("<secret") for url in spec["notify"]["urls"]] == [True]
 
+    def test_no_secret_and_no_model_text_in_the_ui_artifacts(
+        self, demo: Campaign, approval_demo: Campaign
+    ) -> None:
+        """The round table, the summary and an approval's evidence, as the UI would show them."""
+        from datetime import UTC, datetime
+
+        from flows._engine._approval import ApprovalRequest
+        from flows._prefect._artifact_views import (
+            RoundTable,
+            answered_markdown,
+            evidence_markdown,
+            summary_markdown,
+        )
+        from flows._provenance import ProvenanceStore
+
+        rendered: list[str] = []
+        model_text: set[str] = set()
+        for campaign in (demo, approval_demo):
+            with ProvenanceStore.open(campaign.db, read_only=True) as store:
+                rendered.append(json.dumps(RoundTable(campaign.name).rows(store)))
+                rendered.append(summary_markdown(store, campaign.name, "completed", None))
+                view = store.round_view(campaign.name, 2)
+                attempt = view["gate_calls"][0]["attempts"][0]
+                rationale = (attempt["value"] or {}).get("rationale") or ""
+                model_text |= {
+                    str(a["value"]["rationale"])
+                    for round_index in range(4)
+                    for call in store.round_view(campaign.name, round_index)["gate_calls"]
+                    for a in call["attempts"]
+                    if isinstance(a["value"], dict) and a["value"].get("rationale")
+                }
+                request = ApprovalRequest(
+                    campaign=campaign.name,
+                    round_index=2,
+                    call_index=1,
+                    rule="review",
+                    reason="a human looks at round 2",
+                    advice="",
+                    approvers=("alice",),
+                    proposed=view["batches"][0]["candidates"],
+                    fallback=view["gate_calls"][0]["fallback_value"],
+                    node_hours=0.16,
+                    budget_remaining=60.0,
+                    disposition="accepted",
+                    deadline=datetime.now(UTC),
+                    require_proof=True,
+                    rationale=f"{rationale} {SITE_SECRET}",
+                )
+                rendered.append(evidence_markdown(request, store, "run-id"))
+                rendered.append(answered_markdown(request.key, 2, "approved", "alice"))
+        assert model_text  # the demos' planner wrote rationales: they are what must not show
+        leaks = [
+            text
+            for text in (SITE_SECRET, NOTIFY_SECRET, *model_text)
+            if any(text in page for page in rendered)
+        ]
+        assert leaks == []
+
     def test_a_spec_recorded_before_masking_is_masked_in_the_crate(self, tmp_path: Path) -> None:
         """An older record kept the notify URL in its spec: the crate masks it again."""
         from flows._provenance import ProvenanceStore
