@@ -276,9 +276,14 @@ def main() -> int:
     parser.add_argument(
         "--all-services", action="store_true", help="also a side with every Prefect service on"
     )
+    parser.add_argument(
+        "--sides", help="measure only these sides (comma-separated, e.g. ours)", default=None
+    )
     args = parser.parse_args()
     sides = (*SIDES, *(("all",) if args.all_services else ()))
     sides = (*sides, "postgres") if args.postgres else sides
+    if args.sides:
+        sides = tuple(side for side in sides if side in args.sides.split(","))
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
     root = Path(tempfile.mkdtemp(prefix="unattended-bench-resume-"))

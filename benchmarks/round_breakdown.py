@@ -15,6 +15,12 @@ that make a round, summed per round:
   (the plain flow's one proposal pays those too), and the planner's proposal;
 - every provenance write, by call (each is one transaction, synced to disk);
 - the run log's lines (Prefect's logger, one per round event);
+- the UI's artifacts and events (``flows._prefect._artifacts``): the hook the round
+  pays (queueing, ``emit_event``), and apart, the CPU the publisher's thread spends
+  (provenance reads and artifact requests, off the round's path) and the wait for
+  its last artifacts when the campaign ends (once, divided by the rounds); each
+  repetition also runs the campaign with a hook that does nothing (alternating), and
+  its non-science time is printed beside ours;
 - the rest, by difference: the gate's and policy's own code, checks, and the loop.
 
 Each campaign's items are summed and divided by its rounds; printed are medians over
@@ -128,6 +134,53 @@ def instrument(totals: Totals) -> None:
             timed(ProvenanceStore, name, f"provenance write: {name}", totals)
 
 
+ARTIFACTS_HOOK = "UI artifacts and events: the hook, on the round's path"
+ARTIFACTS_DRAIN = "  UI artifacts: waiting for the last ones at the end (once a campaign)"
+ARTIFACTS_THREAD = "  UI artifacts: CPU of their own thread (reads, requests; off the path)"
+# The round's non-science time with the UI hook replaced by one that does nothing.
+WITHOUT_UI = "non_science without the UI hook"
+
+
+def instrument_ui(totals: Totals, ui: dict[str, bool]) -> None:
+    """Time the UI hook (artifacts queued, events emitted) and its thread's CPU.
+
+    ``ui["on"]`` says whether the next campaign gets the hook (else a hook that does
+    nothing: the side-by-side comparison).
+    """
+    from flows._prefect import _artifacts, _campaign
+
+    original = _artifacts.ui_observer
+
+    def observer(campaign: str, store: Any, flow_run_id: str | None) -> Any:
+        if not ui["on"]:
+            return lambda kind, data: None
+        hook = original(campaign, store, flow_run_id)
+
+        def on_event(kind: str, data: Any) -> None:
+            began = time.perf_counter()
+            drained = totals[ARTIFACTS_DRAIN]
+            hook(kind, data)
+            waited = totals[ARTIFACTS_DRAIN] - drained
+            totals[ARTIFACTS_HOOK] += time.perf_counter() - began - waited
+
+        return on_event
+
+    _campaign.ui_observer = observer  # type: ignore[assignment]
+    timed(_artifacts._Publisher, "drain", ARTIFACTS_DRAIN, totals)
+    for name in dir(_artifacts.CampaignArtifacts):
+        if name.startswith("_publish_"):
+            method = getattr(_artifacts.CampaignArtifacts, name)
+
+            def cpu(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                began = time.thread_time()  # this thread's CPU: waiting for the GIL is not it
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    totals[ARTIFACTS_THREAD] += time.thread_time() - began
+
+            setattr(_artifacts.CampaignArtifacts, name, cpu)
+
+
 async def one_campaign(folder: Path, name: str, rounds: int, totals: Totals) -> dict[str, float]:
     """Run one campaign through the flow's code; return its medians and item totals."""
     import campaign as bench
@@ -177,12 +230,18 @@ def main() -> int:
     os.environ.update(client_env(start_server(config, timeout=180)))
     totals: Totals = collections.defaultdict(float)
     instrument(totals)
+    ui = {"on": True}
+    instrument_ui(totals, ui)
     try:
         asyncio.run(one_campaign(folder, "warm", 2, totals))
-        found = [
-            asyncio.run(one_campaign(folder, f"rep{rep}", args.rounds, totals))
-            for rep in range(args.reps)
-        ]
+        found = []
+        for rep in range(args.reps):
+            # Side by side, alternating: a campaign without the UI hook, then one with it.
+            ui["on"] = False
+            without = asyncio.run(one_campaign(folder, f"bare{rep}", args.rounds, totals))
+            ui["on"] = True
+            found.append(asyncio.run(one_campaign(folder, f"rep{rep}", args.rounds, totals)))
+            found[-1][WITHOUT_UI] = without["non_science"]
     finally:
         from prefect.logging.handlers import APILogHandler
 
@@ -204,12 +263,18 @@ def report(found: list[dict[str, float]], args: argparse.Namespace) -> None:
     print(f"   {'round (start -> next start)':62} {ms('per_round'):8.1f}")
     print(f"   {'  the batch (the simulations)':62} {ms('science'):8.1f}")
     print(f"   {'  the rest (non-science)':62} {ms('non_science'):8.1f}")
-    items = {k for r in found for k in r} - {"per_round", "science", "non_science", FIT}
+    print(f"   {'  the rest, in the campaign run without the UI hook':62} {ms(WITHOUT_UI):8.1f}")
+    apart = {"per_round", "science", "non_science", FIT, ARTIFACTS_DRAIN, ARTIFACTS_THREAD}
+    apart.add(WITHOUT_UI)
+    items = {k for r in found for k in r} - apart
     order = sorted(items, key=lambda k: (k.startswith("provenance"), k))
     for item in order:
         print(f"   {'    ' + item:62} {ms(item):8.1f}")
         if item == "fallback batch":
             print(f"   {'    ' + FIT:62} {ms(FIT):8.1f}")
+        if item == ARTIFACTS_HOOK:
+            for part in (ARTIFACTS_DRAIN, ARTIFACTS_THREAD):
+                print(f"   {'    ' + part:62} {ms(part):8.1f}")
     writes = sum(ms(k) for k in items if k.startswith("provenance"))
     rest = ms("non_science") - sum(ms(k) for k in items)
     print(f"   {'    provenance writes, all':62} {writes:8.1f}")

@@ -11,11 +11,11 @@ task), so every artifact belongs to the flow run.
 
 Under stable keys per campaign (``artifact_key``): ``-rounds`` (a row per round,
 a new version when a round ends), ``-batch`` (the batch in flight: one progress
-artifact per round, updated as tasks finish, at most every ``every_seconds`` and
-at its last task), ``-approval`` (the evidence of a waiting request, then how it
-was answered) and ``-summary`` (at the end). Before the run suspends or ends, the
-hook waits (up to ``drain_seconds``) for the thread to publish what is queued:
-the process may exit next.
+artifact a run, updated as each round's tasks finish, at most every
+``every_seconds`` and at a batch's last task), ``-approval`` (the evidence of a
+waiting request, then how it was answered) and ``-summary`` (at the end). Before
+the run suspends or ends, the hook waits (up to ``drain_seconds``) for the thread
+to publish what is queued: the process may exit next.
 
 An artifact that fails (server down, database busy) is logged and dropped; it never
 fails or slows the campaign beyond that wait.
@@ -115,7 +115,6 @@ class CampaignArtifacts:
         self._failed = 0
         self._said = -float("inf")
         self._progress_id: UUID | None = None
-        self._progress_round: int | None = None  # the round whose progress artifact was made
         self._request: ApprovalRequest | None = None
 
     def key(self, what: str) -> str:
@@ -173,11 +172,8 @@ class CampaignArtifacts:
         if not last and now - self._said < self.every_seconds:
             return
         self._said = now
-        first, self._progress_round = index != self._progress_round, index
         finished, failed = self._finished, self._failed
-        self.publisher.put(
-            "batch", lambda: self._publish_progress(index, finished, failed, size, first)
-        )
+        self.publisher.put("batch", lambda: self._publish_progress(index, finished, failed, size))
 
     # -- in the publisher's thread -----------------------------------------------------------
 
@@ -190,13 +186,11 @@ class CampaignArtifacts:
             _sync=True,
         )
 
-    def _publish_progress(
-        self, index: int, finished: int, failed: int, size: int | None, first: bool
-    ) -> None:
+    def _publish_progress(self, index: int, finished: int, failed: int, size: int | None) -> None:
         of = f" of {size}" if size else ""
         description = f"Round {index}'s batch: {finished}{of} tasks finished ({failed} failed)."
         progress = 100.0 * finished / size if size else 0.0
-        if first or self._progress_id is None:
+        if self._progress_id is None:  # one a run: each round's batch updates it
             self._progress_id = create_progress_artifact(  # type: ignore[call-arg]
                 progress, key=self.key("batch"), description=description, _sync=True
             )

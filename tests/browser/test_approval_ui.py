@@ -391,3 +391,34 @@ class TestACodeProtectedRule:
         assert await state_of(run_id) == "COMPLETED"
         approval = approval_record(home, name)
         assert (approval.decision, approval.events[-1].proof) == ("approved", "totp ok")
+
+
+class TestTheRunPageShowsTheStory:
+    async def test_the_artifacts_tab_shows_the_round_table_the_batch_and_the_evidence(
+        self, prefect_api: ServerHandle, browser_page: Any, screenshot_dir: Path, tmp_path: Path
+    ) -> None:
+        """A waiting run's Artifacts tab lists its artifacts; the evidence opens in words."""
+        from playwright.async_api import expect
+
+        from flows._prefect._artifact_views import artifact_key
+
+        name = "ui-artifacts"
+        run_id, _home, _service = await suspended_campaign(tmp_path, name)
+        await expect(await log_in(browser_page, prefect_api)).to_be_hidden(timeout=UI_TIMEOUT_MS)
+        await browser_page.goto(flow_run_ui_url(prefect_api.ui_url, run_id))
+        await browser_page.get_by_role("tab", name="Artifacts").click()
+        main = browser_page.locator("main")
+        for what in ("rounds", "batch", "approval"):
+            shown = main.get_by_text(artifact_key(name, what), exact=True)
+            await expect(shown.first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await browser_page.screenshot(path=str(screenshot_dir / "run-artifacts.png"))
+        await main.get_by_text(artifact_key(name, "approval"), exact=True).first.click()
+        page = browser_page.locator("main")
+        await expect(page.get_by_text("waits for approval").first).to_be_visible(
+            timeout=UI_TIMEOUT_MS
+        )
+        await expect(page.get_by_text("What the fallback would run instead")).to_be_visible()
+        await expect(
+            page.get_by_text(f"unattended approve {run_id} --as NAME").first
+        ).to_be_visible()
+        await browser_page.screenshot(path=str(screenshot_dir / "run-approval-evidence.png"))

@@ -27,7 +27,9 @@ from flows._provenance import ProvenanceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "demo"
+UI_DOC = (ROOT / "docs" / "ui.md").read_text()
 
 
 def _copy_demo(folder: Path, spec: str, old: str, new: str) -> Path:
@@ -158,3 +160,24 @@ class TestTheApprovalDemo:
             "unattended.approval.answered",
             "unattended.campaign.completed",
         ]
+
+
+class TestTheDocumentedAutomation:
+    async def test_the_server_takes_the_automation_docs_ui_md_shows(self, prefect_server):
+        """The YAML in docs/ui.md, with a real Webhook block, is a valid automation."""
+        import re
+
+        import yaml
+        from prefect.blocks.webhook import Webhook
+        from prefect.events.schemas.automations import AutomationCore
+
+        text = re.search(r"```yaml\n(.*?)```", UI_DOC, re.DOTALL).group(1)
+        block = await Webhook(url="http://127.0.0.1:9/hook").save("ui-doc-hook", overwrite=True)
+        document = yaml.safe_load(text.replace("WEBHOOK_BLOCK_ID", str(block)))
+        (automation,) = document["automations"]
+        async with get_client() as client:
+            made = await client.create_automation(AutomationCore.model_validate(automation))
+            stored = await client.read_automation(made)
+        assert stored.trigger.expect == {"unattended.approval.requested"}
+        assert stored.trigger.match.model_dump()["prefect.resource.id"] == "unattended.campaign.*"
+        assert stored.actions[0].block_document_id == block

@@ -166,6 +166,83 @@ def test_lifespan_and_websocket_pass_through() -> None:
     assert seen == ["lifespan", "websocket"]
 
 
+RESUME = "/api/flow_runs/5f0c/resume"
+
+
+def test_a_person_s_resume_is_run_again_past_the_budget_of_other_requests() -> None:
+    """The UI's Resume gets 30 s where other requests get 3 s (here 0.02 s and 5 s)."""
+
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        slow = Flaky(failures=10_000)
+        other = RetryBusy(slow, budget=0.02, first_delay=0.005, max_delay=0.01)
+        deployments = await _post(other)
+        resumed = Flaky(failures=12)
+        person = RetryBusy(
+            resumed, budget=0.02, human_budget=5.0, first_delay=0.005, max_delay=0.01
+        )
+        transport = httpx.ASGITransport(app=person)
+        async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+            return deployments, await client.post(RESUME, content=b"{}")
+
+    deployments, resume = asyncio.run(both())
+    assert deployments.status_code == 503
+    assert resume.status_code == 200
+    assert resume.headers[RETRIED_HEADER.decode()] == "12"
+
+
+def test_no_human_budget_without_a_budget() -> None:
+    assert RetryBusy(Flaky(0), budget=0.0).human_budget == 0.0
+    assert RetryBusy(Flaky(0), budget=3.0).human_budget == 30.0
+    assert RetryBusy(Flaky(0), budget=45.0).human_budget == 45.0
+
+
+def test_while_a_person_s_answer_is_run_again_other_requests_wait_to_start() -> None:
+    """Once the resume met a 503, a request arriving after it runs only once it is answered.
+
+    And before running again, the resume waits for a request already running to end.
+    """
+    calls: list[tuple[str, int]] = []
+    first_503 = asyncio.Event()
+    release_long = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        path = scope["path"]
+        if path == "/api/long/":  # already running when the resume meets its 503
+            await release_long.wait()
+        status = 503 if path == RESUME and calls.count((RESUME, 503)) < 3 else 200
+        calls.append((path, status))
+        if status == 503:
+            first_503.set()
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def scenario() -> list[int]:
+        middleware = RetryBusy(app, first_delay=0.001, max_delay=0.002, drain=5.0)
+        transport = httpx.ASGITransport(app=middleware)
+        async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+            long = asyncio.create_task(client.post("/api/long/", content=b"{}"))
+            await asyncio.sleep(0)  # the long request is in the app
+            resume = asyncio.create_task(client.post(RESUME, content=b"{}"))
+            await first_503.wait()
+            later = asyncio.create_task(client.post("/api/deployments/", content=b"{}"))
+            await asyncio.sleep(0.05)
+            release_long.set()
+            answers = await asyncio.gather(long, resume, later)
+        return [answer.status_code for answer in answers]
+
+    assert asyncio.run(scenario()) == [200, 200, 200]
+    # The resume ran again only after the long request ended; the later one after the resume.
+    assert calls == [
+        (RESUME, 503),
+        ("/api/long/", 200),
+        (RESUME, 503),
+        (RESUME, 503),
+        (RESUME, 200),
+        ("/api/deployments/", 200),
+    ]
+
+
 @pytest.mark.integration
 def test_the_real_server_answers_through_a_locked_database(prefect_server: ServerHandle) -> None:
     """Prefect answers 503 while another connection holds the write lock; no client sees it."""
