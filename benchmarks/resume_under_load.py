@@ -5,8 +5,11 @@ and repetition, the sides alternating:
 
 * ``no-retry``: ``ours`` with the server's retry of busy answers off
   (``UNATTENDED_SERVER_BUSY_RETRY_SECONDS=0``): every 503 reaches the UI;
+* ``plain-retry``: ``ours`` with a person's answer run again like any request
+  (``UNATTENDED_SERVER_ANSWER_RETRY_SECONDS=0``: up to 3 s, nothing held back);
 * ``ours``: what ``unattended server start`` runs (``UNUSED_SERVICES`` off, a 503 run
-  again in the server for up to 3 s);
+  again in the server for up to 3 s, a person's answer for up to 30 s with the floor to
+  itself);
 * ``all`` (with ``--all-services``): ``ours`` with every Prefect server service on;
 * ``postgres`` (with ``--postgres URL``): ``ours`` on PostgreSQL, a fresh database
   per repetition on the server at ``URL`` (created and dropped here), as
@@ -24,7 +27,7 @@ them: only the resume is measured). Counted: answers that are not ``ACCEPT``
     python benchmarks/resume_under_load.py [--resumes N] [--reps R] [--rounds R]
         [--all-services] [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
 
-Printed: per side, refused / tried, latency median and max, campaigns completed,
+Printed: per side, refused / tried, latency median, p95 and max, campaigns completed,
 and the load average at the start and the end. The runners are stopped (by PID)
 before their servers.
 """
@@ -49,7 +52,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-SIDES = ("no-retry", "ours")
+SIDES = ("no-retry", "plain-retry", "ours")
 CAMPAIGNS = 4
 FORM_SCHEMA = {
     "title": "Approval",
@@ -179,6 +182,8 @@ def measure_side(
         base |= dict.fromkeys(UNUSED_SERVICES, "true")
     if side == "no-retry":
         base["UNATTENDED_SERVER_BUSY_RETRY_SECONDS"] = "0"
+    if side == "plain-retry":
+        base["UNATTENDED_SERVER_ANSWER_RETRY_SECONDS"] = "0"
     config = ServerConfig(port=free_port(), state_dir=folder / "server", database_url=database_url)
     handle = start_server(config, timeout=180, base_env=base)
     env = base | client_env(handle) | {"UNATTENDED_HOME": str(folder / "home")}
@@ -238,7 +243,9 @@ def measure_side(
         "refused": refused,
         "tried": len(waiting),
         "median": statistics.median(seconds),
+        "p95": statistics.quantiles(seconds, n=20)[-1],
         "max": max(seconds),
+        "seconds": seconds,
         "running_at_start": running,
         "running_at_end": still,
         "completed": completed,
@@ -295,8 +302,9 @@ def main() -> int:
                 result = one_side(root / f"{side}-{rep}", side, args)
                 found[side].append(result)
                 print(
-                    f"rep {rep} {side:>8}: refused {len(result['refused'])}/{result['tried']}, "
-                    f"resume median {result['median'] * 1e3:.0f} ms, max "
+                    f"rep {rep} {side:>11}: refused {len(result['refused'])}/{result['tried']}, "
+                    f"resume median {result['median'] * 1e3:.0f} ms, p95 "
+                    f"{result['p95'] * 1e3:.0f} ms, max "
                     f"{result['max'] * 1e3:.0f} ms, campaigns running at start/end "
                     f"{result['running_at_start']}/{result['running_at_end']}  (load {load()})",
                     flush=True,
@@ -317,10 +325,15 @@ def main() -> int:
             continue
         refused = sum(len(r["refused"]) for r in loaded)
         tried = sum(r["tried"] for r in loaded)
-        median = statistics.median(r["median"] for r in loaded) * 1e3
+        every = [s for r in loaded for s in r["seconds"]]
+        median = statistics.median(every) * 1e3
+        p95 = statistics.quantiles(every, n=20)[-1] * 1e3
         idle = len(found[side]) - len(loaded)
         note = f" ({idle} repetition(s) left out: campaigns not running)" if idle else ""
-        print(f"   {side:>8}: refused {refused}/{tried}; median resume {median:.0f} ms{note}")
+        print(
+            f"   {side:>11}: refused {refused}/{tried}; resume median {median:.0f} ms, "
+            f"p95 {p95:.0f} ms, max {max(every) * 1e3:.0f} ms{note}"
+        )
     print(f"load average at the end: {load()}")
     return 0
 

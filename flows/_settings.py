@@ -135,6 +135,20 @@ class Settings(BaseSettings):
         ),
     )
 
+    server_answer_retry_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=600,
+        validation_alias=AliasChoices(
+            "UNATTENDED_SERVER_ANSWER_RETRY_SECONDS", "server_answer_retry_seconds"
+        ),
+        description=(
+            "How long the server runs a person's answer (a run's resume or input) again while "
+            "Prefect answers it 503, other requests waiting to start meanwhile (seconds, at "
+            "least the busy retry; 0: like any other request)."
+        ),
+    )
+
     lease_ttl_seconds: float = Field(
         default=60.0,
         ge=1,

@@ -39,10 +39,11 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 BUSY_RETRY_SECONDS: Final = 3.0
 BUSY_FIRST_DELAY: Final = 0.02
 BUSY_MAX_DELAY: Final = 0.5
-# A person's answer (the UI's Resume, ``unattended approve``) is run again for longer, and
-# goes first: while it is run again, other requests wait to start, and it waits (up to
-# HUMAN_DRAIN_SECONDS) for those already running to finish. With 4 campaigns running on
-# SQLite, 2 of 40 Resumes still got 503 after 3 s of plain retries (docs/benchmarks.md).
+# A person's answer (the UI's Resume, ``unattended approve``) is run again for longer
+# (UNATTENDED_SERVER_ANSWER_RETRY_SECONDS), and goes first: while it is run again, other
+# requests wait to start, and it waits (up to HUMAN_DRAIN_SECONDS) for those already
+# running to finish. With 4 campaigns running on SQLite, 2 of 40 Resumes still got 503
+# after 3 s of plain retries (docs/benchmarks.md).
 HUMAN_BUSY_RETRY_SECONDS: Final = 30.0
 HUMAN_DRAIN_SECONDS: Final = 2.0
 # The requests that carry a person's answer: a run's resume and its input.
@@ -73,11 +74,12 @@ class RetryBusy:
     again says how many in its ``x-unattended-busy-retries`` header.
 
     A person's answer (``POST /api/flow_runs/{id}/resume`` or ``.../input``) is run
-    again for ``human_budget`` seconds (30 s, or ``budget`` if longer; 0 when
-    ``budget`` is 0) and takes the floor once it met a 503: until it is answered,
-    requests that arrive wait to start, and before each run again it waits (up to
-    ``drain`` seconds) for the requests already running. So its transaction meets
-    no other writer of ours; only the server's own services still write meanwhile.
+    again for ``human_budget`` seconds (30 s by default, or ``budget`` if longer;
+    with either 0 it is a request like any other) and takes the floor once it met a
+    503: until it is answered, requests that arrive wait to start, and before each
+    run again it waits (up to ``drain`` seconds) for the requests already running.
+    So its transaction meets no other writer of ours; only the server's own
+    services still write meanwhile.
     """
 
     def __init__(
@@ -88,16 +90,13 @@ class RetryBusy:
         first_delay: float = BUSY_FIRST_DELAY,
         max_delay: float = BUSY_MAX_DELAY,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        human_budget: float | None = None,
+        human_budget: float = HUMAN_BUSY_RETRY_SECONDS,
         drain: float = HUMAN_DRAIN_SECONDS,
     ) -> None:
         self.app = app
         self.budget = budget
-        self.human_budget = (
-            (max(budget, HUMAN_BUSY_RETRY_SECONDS) if budget > 0 else 0.0)
-            if human_budget is None
-            else human_budget
-        )
+        # 0 (or no retries at all): a person's answer is a request like any other.
+        self.human_budget = max(budget, human_budget) if budget > 0 and human_budget > 0 else 0.0
         self.drain = drain
         self.first_delay = first_delay
         self.max_delay = max_delay
@@ -117,7 +116,8 @@ class RetryBusy:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before it finished sending: nobody to answer
-        if scope.get("method") == "POST" and _HUMAN.match(scope.get("path", "")):
+        path = scope.get("path", "")
+        if self.human_budget and scope.get("method") == "POST" and _HUMAN.match(path):
             await self._serve_first(scope, body, receive, send)
             return
         if not self._floor_free.is_set():
@@ -258,7 +258,8 @@ def main() -> None:
     from flows._settings import Settings
 
     # Checked by `unattended server start` before it starts this process.
-    budget = Settings.from_env(os.environ).server_busy_retry_seconds
+    settings = Settings.from_env(os.environ)
+    budget = settings.server_busy_retry_seconds
     host, port = PREFECT_SERVER_API_HOST.value(), PREFECT_SERVER_API_PORT.value()
     app = create_app(final=True, webserver_only=False)
     # The server's log says what serves it (at WARNING: the level the server logs at).
@@ -270,7 +271,7 @@ def main() -> None:
         budget,
     )
     uvicorn.run(
-        RetryBusy(app, budget=budget),
+        RetryBusy(app, budget=budget, human_budget=settings.server_answer_retry_seconds),
         host=host,
         port=port,
         timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),

@@ -190,10 +190,24 @@ def test_a_person_s_resume_is_run_again_past_the_budget_of_other_requests() -> N
     assert resume.headers[RETRIED_HEADER.decode()] == "12"
 
 
-def test_no_human_budget_without_a_budget() -> None:
-    assert RetryBusy(Flaky(0), budget=0.0).human_budget == 0.0
+def test_a_person_s_budget_is_at_least_the_others_and_none_without_retries() -> None:
     assert RetryBusy(Flaky(0), budget=3.0).human_budget == 30.0
     assert RetryBusy(Flaky(0), budget=45.0).human_budget == 45.0
+    assert RetryBusy(Flaky(0), budget=0.0).human_budget == 0.0
+    assert RetryBusy(Flaky(0), budget=3.0, human_budget=0.0).human_budget == 0.0
+
+
+def test_without_a_person_s_budget_a_resume_is_a_request_like_any_other() -> None:
+    app = Flaky(failures=10_000)
+    middleware = RetryBusy(app, budget=0.02, human_budget=0.0, first_delay=0.005, max_delay=0.01)
+
+    async def resume() -> httpx.Response:
+        transport = httpx.ASGITransport(app=middleware)
+        async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+            return await client.post(RESUME, content=b"{}")
+
+    assert asyncio.run(resume()).status_code == 503
+    assert len(app.bodies) < 10
 
 
 def test_while_a_person_s_answer_is_run_again_other_requests_wait_to_start() -> None:
