@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -191,9 +191,10 @@ class CampaignArtifacts:
         description = f"Round {index}'s batch: {finished}{of} tasks finished ({failed} failed)."
         progress = 100.0 * finished / size if size else 0.0
         if self._progress_id is None:  # one a run: each round's batch updates it
-            self._progress_id = create_progress_artifact(  # type: ignore[call-arg]
+            made = create_progress_artifact(  # type: ignore[call-arg]
                 progress, key=self.key("batch"), description=description, _sync=True
             )
+            self._progress_id = cast(UUID, made)  # the sync dispatch's answer
             return
         update_progress_artifact(  # type: ignore[call-arg]
             self._progress_id, progress, description=description, _sync=True
