@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from flows._prefect._events import campaign_resource
 from flows._prefect._service import CampaignService, approve_run, read_run, submit_campaign
 from flows._provenance import ProvenanceStore
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "demo"
@@ -80,6 +81,8 @@ async def _events(campaign: str, until: int) -> list[dict[str, Any]]:
             await asyncio.sleep(0.2)
 
 
+@pytest.mark.integration
+@pytest.mark.asyncio
 class TestTheDemoRun:
     async def test_leaves_a_round_table_a_batch_progress_and_a_summary(
         self, prefect_server, tmp_path
@@ -117,6 +120,8 @@ class TestTheDemoRun:
         assert kinds == ["unattended.campaign.completed"]
 
 
+@pytest.mark.integration
+@pytest.mark.asyncio
 class TestTheApprovalDemo:
     async def test_shows_the_evidence_while_it_waits_and_the_answer_after(
         self, prefect_server, tmp_path
@@ -162,11 +167,11 @@ class TestTheApprovalDemo:
         ]
 
 
+@pytest.mark.integration
+@pytest.mark.asyncio
 class TestTheDocumentedAutomation:
     async def test_the_server_takes_the_automation_docs_ui_md_shows(self, prefect_server):
         """The YAML in docs/ui.md, with a real Webhook block, is a valid automation."""
-        import re
-
         import yaml
         from prefect.blocks.webhook import Webhook
         from prefect.events.schemas.automations import AutomationCore
@@ -181,3 +186,37 @@ class TestTheDocumentedAutomation:
         assert stored.trigger.expect == {"unattended.approval.requested"}
         assert stored.trigger.match.model_dump()["prefect.resource.id"] == "unattended.campaign.*"
         assert stored.actions[0].block_document_id == block
+
+
+class TestAFailureNeverReachesTheCampaign:
+    def test_a_job_that_raises_is_logged_and_the_next_ones_still_run(self, caplog):
+        import contextvars
+
+        from flows._prefect._artifacts import _Publisher
+
+        ran: list[str] = []
+        publisher = _Publisher(contextvars.copy_context())
+
+        def broken() -> None:
+            raise ConnectionError("server gone")
+
+        publisher.put("rounds", broken)
+        publisher.put("summary", lambda: ran.append("summary"))
+        assert publisher.drain(10)
+        assert ran == ["summary"]
+        assert publisher.failures == 1
+        assert "artifact rounds not published: ConnectionError" in caplog.text
+
+    def test_an_event_the_hook_cannot_read_is_logged_not_raised(self, tmp_path, caplog):
+        from flows._prefect._artifacts import CampaignArtifacts
+
+        with ProvenanceStore.open(tmp_path) as store:
+            artifacts = CampaignArtifacts("c", store, None)
+            artifacts.on_event("task", {"round": "not a number", "status": "done"})
+        assert "artifacts: event task not handled: ValueError" in caplog.text
+
+    def test_keys_are_lowercase_letters_digits_and_dashes_and_keep_names_apart(self):
+        assert artifact_key("demo", "rounds") == "unattended-demo-rounds"
+        folded = {artifact_key(name, "rounds") for name in ("Demo_2", "demo-2", "demo.2")}
+        assert len(folded) == 3
+        assert all(re.fullmatch(r"[a-z0-9-]+", key) for key in folded)
