@@ -2,12 +2,13 @@
 
 The engine's event hook (``Hooks.on_event``) calls :meth:`CampaignArtifacts.on_event`;
 it decides what to publish and hands the work to one background thread, which
-reads the provenance (``_artifact_views``) and calls Prefect's
+reads the provenance (``_artifact_views``) and creates the artifacts Prefect's
 ``create_table_artifact``, ``create_markdown_artifact``, ``create_progress_artifact``
-and ``update_progress_artifact``. So a round pays for a few dictionary operations,
-not for HTTP requests to a server that may be slow under load. The thread runs
-its calls in the flow run's context (copied when the hook is made, outside any
-task), so every artifact belongs to the flow run.
+and ``update_progress_artifact`` make (the same types, data and keys), through one
+client of its own: those functions make a client per call, and each client loads
+the CA bundle again (~60 ms of CPU, measured). So a round pays for a few
+dictionary operations, not for HTTP requests to a server that may be slow under
+load. Every artifact names the flow run, none a task run.
 
 Under stable keys per campaign (``artifact_key``): ``-rounds`` (a row per round,
 a new version when a round ends), ``-batch`` (the batch in flight: one progress
@@ -23,21 +24,17 @@ fails or slows the campaign beyond that wait.
 
 from __future__ import annotations
 
-import contextvars
+import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 from uuid import UUID
 
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 
 from flows._engine._approval import ApprovalRequest
 from flows._engine._notify import chain
@@ -53,14 +50,17 @@ from flows._provenance import ProvenanceStore
 
 log = logging.getLogger("unattended.artifacts")
 _ENDS = frozenset({"completed", "stopped", "failed"})
-Job = Callable[[], None]
+Job = Callable[[SyncPrefectClient], None]
 
 
 class _Publisher:
-    """One daemon thread running queued jobs in order, in a given context; never raising."""
+    """One daemon thread running queued jobs in order with one Prefect client; never raising.
 
-    def __init__(self, context: contextvars.Context) -> None:
-        self._context = context
+    One client for the thread's life: a client made per request (what Prefect's
+    ``create_*_artifact`` functions do) loads the CA bundle each time, ~60 ms of CPU.
+    """
+
+    def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[str, Job] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.failures = 0
@@ -76,17 +76,30 @@ class _Publisher:
         if self._thread is None:
             return True
         done = threading.Event()
-        self.put("drain", done.set)
+        self.put("drain", lambda _client: done.set())
         return done.wait(seconds)
 
+    def stop(self) -> None:
+        """End the thread after the jobs queued so far (its client is closed)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+
     def _work(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            label, job = item
-            try:
-                self._context.run(job)
-            except Exception as exc:  # noqa: BLE001  # an artifact never fails the campaign
-                self.failures += 1
-                log.warning("artifact %s not published: %s", label, type(exc).__name__)
+        client: SyncPrefectClient | None = None
+        try:
+            while (item := self._jobs.get()) is not None:
+                label, job = item
+                try:
+                    if client is None:
+                        client = get_client(sync_client=True)
+                        client.__enter__()
+                    job(client)
+                except Exception as exc:  # noqa: BLE001  # an artifact never fails the campaign
+                    self.failures += 1
+                    log.warning("artifact %s not published: %s", label, type(exc).__name__)
+        finally:
+            if client is not None:
+                client.__exit__(None, None, None)
 
 
 class CampaignArtifacts:
@@ -109,7 +122,7 @@ class CampaignArtifacts:
         self.drain_seconds = drain_seconds
         self.clock = clock
         self.table = RoundTable(campaign)
-        self.publisher = _Publisher(contextvars.copy_context())
+        self.publisher = _Publisher()
         self._round: int | None = None
         self._finished = 0
         self._failed = 0
@@ -138,15 +151,19 @@ class CampaignArtifacts:
                 request = data.get("request")
                 if isinstance(request, ApprovalRequest):
                     self._request = request
-                    self.publisher.put("approval", lambda: self._publish_evidence(request))
+                    self.publisher.put("approval", lambda c: self._publish_evidence(c, request))
                 self.publisher.put("rounds", self._publish_table)
                 self.publisher.drain(self.drain_seconds)  # the run suspends next
             case "approval":
                 answered = self._request
                 self.publisher.put(
                     "approval",
-                    lambda: self._publish_answer(
-                        answered, int(data["round"]), str(data.get("verdict")), str(data.get("by"))
+                    lambda c: self._publish_answer(
+                        c,
+                        answered,
+                        int(data["round"]),
+                        str(data.get("verdict")),
+                        str(data.get("by")),
                     ),
                 )
             case _ if kind in _ENDS:
@@ -154,9 +171,11 @@ class CampaignArtifacts:
                 code = data.get("code")
                 self.publisher.put("rounds", self._publish_table)
                 self.publisher.put(
-                    "summary", lambda: self._publish_summary(status, str(code) if code else None)
+                    "summary",
+                    lambda c: self._publish_summary(c, status, str(code) if code else None),
                 )
                 self.publisher.drain(self.drain_seconds)  # the run ends next
+                self.publisher.stop()
 
     def _task(self, index: int, status: str, of: Any) -> None:
         if index != self._round:
@@ -173,58 +192,64 @@ class CampaignArtifacts:
             return
         self._said = now
         finished, failed = self._finished, self._failed
-        self.publisher.put("batch", lambda: self._publish_progress(index, finished, failed, size))
+        self.publisher.put(
+            "batch", lambda c: self._publish_progress(c, index, finished, failed, size)
+        )
 
     # -- in the publisher's thread -----------------------------------------------------------
 
-    def _publish_table(self) -> None:
-        rows = self.table.rows(self.store)
-        create_table_artifact(  # type: ignore[call-arg]  # _sync: async_dispatch's switch
-            rows,
-            key=self.key("rounds"),
-            description=f"Campaign `{self.campaign}`: one row per round ({len(rows)} so far).",
-            _sync=True,
-        )
-
-    def _publish_progress(self, index: int, finished: int, failed: int, size: int | None) -> None:
-        of = f" of {size}" if size else ""
-        description = f"Round {index}'s batch: {finished}{of} tasks finished ({failed} failed)."
-        progress = 100.0 * finished / size if size else 0.0
-        if self._progress_id is None:  # one a run: each round's batch updates it
-            made = create_progress_artifact(  # type: ignore[call-arg]
-                progress, key=self.key("batch"), description=description, _sync=True
+    def _create(
+        self, client: SyncPrefectClient, kind: str, what: str, data: Any, about: str
+    ) -> UUID:
+        """Create a new version of this campaign's ``what`` artifact on the flow run."""
+        created = client.create_artifact(
+            ArtifactCreate(
+                type=kind,
+                key=self.key(what),
+                description=about,
+                data=data,
+                flow_run_id=UUID(self.flow_run_id) if self.flow_run_id else None,
             )
-            self._progress_id = cast(UUID, made)  # the sync dispatch's answer
-            return
-        update_progress_artifact(  # type: ignore[call-arg]
-            self._progress_id, progress, description=description, _sync=True
         )
+        return created.id
 
-    def _publish_evidence(self, request: ApprovalRequest) -> None:
-        create_markdown_artifact(  # type: ignore[call-arg]
-            evidence_markdown(request, self.store, self.flow_run_id),
-            key=self.key("approval"),
-            description=f"Approval {request.key}: the evidence for the approver.",
-            _sync=True,
-        )
+    def _publish_table(self, client: SyncPrefectClient) -> None:
+        rows = self.table.rows(self.store)
+        about = f"Campaign `{self.campaign}`: one row per round ({len(rows)} so far)."
+        self._create(client, "table", "rounds", json.dumps(rows), about)
+
+    def _publish_progress(
+        self, client: SyncPrefectClient, index: int, finished: int, failed: int, size: int | None
+    ) -> None:
+        of = f" of {size}" if size else ""
+        about = f"Round {index}'s batch: {finished}{of} tasks finished ({failed} failed)."
+        progress = min(100.0, 100.0 * finished / size) if size else 0.0
+        if self._progress_id is None:  # one a run: each round's batch updates it
+            self._progress_id = self._create(client, "progress", "batch", progress, about)
+            return
+        client.update_artifact(self._progress_id, ArtifactUpdate(data=progress, description=about))
+
+    def _publish_evidence(self, client: SyncPrefectClient, request: ApprovalRequest) -> None:
+        markdown = evidence_markdown(request, self.store, self.flow_run_id)
+        about = f"Approval {request.key}: the evidence for the approver."
+        self._create(client, "markdown", "approval", markdown, about)
 
     def _publish_answer(
-        self, request: ApprovalRequest | None, index: int, verdict: str, by: str
+        self,
+        client: SyncPrefectClient,
+        request: ApprovalRequest | None,
+        index: int,
+        verdict: str,
+        by: str,
     ) -> None:
         key = request.key if request is not None else f"{self.campaign}-r{index}"
-        create_markdown_artifact(  # type: ignore[call-arg]
-            answered_markdown(key, index, verdict, by),
-            key=self.key("approval"),
-            description=f"Approval {key}: {verdict}.",
-            _sync=True,
-        )
+        markdown = answered_markdown(key, index, verdict, by)
+        self._create(client, "markdown", "approval", markdown, f"Approval {key}: {verdict}.")
 
-    def _publish_summary(self, status: str, code: str | None) -> None:
-        create_markdown_artifact(  # type: ignore[call-arg]
-            summary_markdown(self.store, self.campaign, status, code),
-            key=self.key("summary"),
-            description=f"Campaign `{self.campaign}`: {status}.",
-            _sync=True,
+    def _publish_summary(self, client: SyncPrefectClient, status: str, code: str | None) -> None:
+        markdown = summary_markdown(self.store, self.campaign, status, code)
+        self._create(
+            client, "markdown", "summary", markdown, f"Campaign `{self.campaign}`: {status}."
         )
 
 

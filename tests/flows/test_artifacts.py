@@ -190,22 +190,21 @@ class TestTheDocumentedAutomation:
 
 class TestAFailureNeverReachesTheCampaign:
     def test_a_job_that_raises_is_logged_and_the_next_ones_still_run(self, caplog):
-        import contextvars
-
         from flows._prefect._artifacts import _Publisher
 
         ran: list[str] = []
-        publisher = _Publisher(contextvars.copy_context())
+        publisher = _Publisher()
 
-        def broken() -> None:
+        def broken(client: Any) -> None:
             raise ConnectionError("server gone")
 
         publisher.put("rounds", broken)
-        publisher.put("summary", lambda: ran.append("summary"))
+        publisher.put("summary", lambda client: ran.append("summary"))
         assert publisher.drain(10)
         assert ran == ["summary"]
         assert publisher.failures == 1
         assert "artifact rounds not published: ConnectionError" in caplog.text
+        publisher.stop()
 
     def test_an_event_the_hook_cannot_read_is_logged_not_raised(self, tmp_path, caplog):
         from flows._prefect._artifacts import CampaignArtifacts
