@@ -219,3 +219,19 @@ class TestAFailureNeverReachesTheCampaign:
         folded = {artifact_key(name, "rounds") for name in ("Demo_2", "demo-2", "demo.2")}
         assert len(folded) == 3
         assert all(re.fullmatch(r"[a-z0-9-]+", key) for key in folded)
+
+
+class TestEventsSayWhatTheEngineSaid:
+    def test_an_expired_approval_and_a_stopped_campaign_name_their_round_and_code(self):
+        from flows._prefect._events import CampaignEvents
+
+        events = CampaignEvents("c", "5f0c")
+        suspend = {"round": 2, "key": "c-r2-c1-n0", "rule": "r", "approvers": ["alice"]}
+        assert events._event("suspend", suspend)[0] == "unattended.approval.requested"
+        name, _, payload = events._event("approval", {"round": 2, "verdict": "timeout"})
+        assert (name, payload) == ("unattended.approval.expired", {"round": 2, "key": "c-r2-c1"})
+        stop = {"round": 3, "status": "blocked", "code": "budget_exceeded"}
+        name, _, payload = events._event("stopped", stop)
+        assert name == "unattended.campaign.stopped"
+        assert payload == stop
+        assert events._event("task", {"round": 3, "status": "done"}) is None
