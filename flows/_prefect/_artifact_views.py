@@ -14,10 +14,13 @@ numbers, rule names, approvers, keys and commands.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from sqlalchemy import text
 
 from flows._engine._approval import ApprovalRequest
 from flows._engine._campaign_state import build_surrogate
@@ -56,98 +59,87 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _spent(row: Mapping[str, Any]) -> float:
+def _spent(state: Any) -> float:
     """Return the node-hours a round's checkpoint says were spent so far (tasks + verifier)."""
-    state = row.get("policy_state") or {}
+    if isinstance(state, str):  # JSON as text where the driver does not parse it
+        state = json.loads(state)
     counters = state.get("campaign") if isinstance(state, dict) else None
     if not isinstance(counters, dict):
         return 0.0
     return sum(_number(counters.get(k)) or 0.0 for k in ("budget_spent", "verifier_hours"))
 
 
-def _gate(calls: Sequence[Mapping[str, Any]]) -> str:
-    """Return each gate call's disposition and attempts: ``accepted after 2 attempts``."""
-    said = []
-    for call in calls:
-        used = int(call.get("attempts_used") or 0)
-        said.append(
-            f"{call.get('disposition') or 'pending'} after {used} attempt{'' if used == 1 else 's'}"
-        )
-    return "; ".join(said) or "-"
+def _gate(entry: Mapping[str, Any]) -> str:
+    """Return the round's gate calls: ``accepted after 2 attempts``, or a count per disposition."""
+    dispositions: dict[str, int] = entry.get("dispositions") or {}
+    used = int(entry.get("attempts") or 0)
+    attempts = f"{used} attempt{'' if used == 1 else 's'}"
+    if sum(dispositions.values()) == 1:
+        return f"{next(iter(dispositions))} after {attempts}"
+    calls = ", ".join(f"{n} {d}" for d, n in sorted(dispositions.items()))
+    return f"{calls}; {attempts}" if calls else "-"
 
 
-def _policy(view: Mapping[str, Any]) -> str:
-    outcomes = [str(d["outcome"]) for d in view.get("decisions", ())]
-    verdicts = [str(a.get("decision") or "pending") for a in view.get("approvals", ()) if a]
-    if verdicts and outcomes and outcomes[-1] == "suspend":
-        outcomes[-1] = f"suspend: {verdicts[-1]}"
-    return ", ".join(outcomes) or "-"
+# One row per round: what the summary does not say (candidates refused, the checkpoint's spend).
+_REFUSED = text(
+    "SELECT round_index, count(*) AS n FROM candidate_fate "
+    "WHERE campaign_id = :cid AND fate = 'refused' GROUP BY round_index"
+)
+_CAMPAIGN = text("SELECT id FROM campaign WHERE name = :name")
+_SPENT = text(
+    "SELECT round_index, policy_state FROM round "
+    "WHERE campaign_id = :cid AND status = 'completed' ORDER BY round_index"
+)
 
 
 class RoundTable:
-    """The round table's rows, one per round the provenance holds, kept once a round is done.
+    """The round table's rows, one per round the provenance holds.
 
-    A finished round's row never changes, so it is read once (its ``round_view``);
-    the round still running is read again each time.
+    Read whole each time from the campaign's summary and two small queries (a
+    campaign of 1,000 rounds reads 1,000 short rows, a few milliseconds), so a
+    run that starts again mid-campaign shows every round.
     """
 
     def __init__(self, campaign: str) -> None:
         self.campaign = campaign
-        self._done: dict[int, dict[str, Any]] = {}
-        self._spent: dict[int, float] = {}
 
     def rows(self, store: ProvenanceStore) -> list[dict[str, Any]]:
         """Return every round's row, in order, with the best value so far."""
-        rounds = store.summary(self.campaign)["rounds"]
+        summary = store.summary(self.campaign)
+        with store.engine.connect() as connection:
+            cid = connection.execute(_CAMPAIGN, {"name": self.campaign}).scalar_one()
+            refused = {
+                int(r.round_index): int(r.n) for r in connection.execute(_REFUSED, {"cid": cid})
+            }
+            spent = {
+                int(r.round_index): _spent(r.policy_state)
+                for r in connection.execute(_SPENT, {"cid": cid})
+            }
         best_so_far: float | None = None
         rows = []
-        for entry in rounds:
+        for entry in summary["rounds"]:
             index = int(entry["index"])
-            row = self._done.get(index) or self._row(store, entry)
-            best = row["round best"]
+            best = _number(entry.get("best"))
             if best is not None and (best_so_far is None or best < best_so_far):
                 best_so_far = best
-            rows.append({**row, "best so far": best_so_far})
+            done = int(entry.get("done") or 0)
+            hours = spent.get(index)
+            before = spent.get(index - 1, 0.0)
+            rows.append(
+                {
+                    "round": index,
+                    "gate": _gate(entry),
+                    "policy": entry.get("decision") or "-",
+                    "refused": refused.get(index, 0),
+                    "done": done,
+                    "failed": int(entry.get("tasks") or 0) - done,
+                    "relaunched": int(entry.get("interruptions") or 0),
+                    "round best": best,
+                    "best so far": best_so_far,
+                    "node-hours": None if hours is None else round(hours - before, 6),
+                }
+            )
         return rows
-
-    def _row(self, store: ProvenanceStore, entry: Mapping[str, Any]) -> dict[str, Any]:
-        index = int(entry["index"])
-        view = store.round_view(self.campaign, index)
-        done = failed = relaunched = 0
-        for batch in view["batches"]:
-            if int(batch.get("relaunch") or 0):
-                relaunched += len(batch.get("candidates") or ())
-            for result in batch.get("results") or ():
-                status = result.get("status")
-                if status == "done":
-                    done += 1
-                elif status != "interrupted":
-                    failed += 1
-        finished = view["round"].get("status") == "completed"
-        spent = _spent(view["round"]) if finished else None
-        before = self._spent.get(index - 1, 0.0) if index else 0.0
-        row = {
-            "round": index,
-            "gate": _gate(view["gate_calls"]),
-            "policy": _policy(view),
-            "refused": sum(1 for fate in view["candidates"] if fate.get("fate") == "refused"),
-            "done": done,
-            "failed": failed,
-            "relaunched": relaunched,
-            "round best": _number(entry.get("best")),
-            "best so far": None,
-            "node-hours": None if spent is None else round(spent - before, 6),
-        }
-        if finished and (index == 0 or index - 1 in self._spent):
-            self._spent[index] = spent or 0.0
-            self._done[index] = row
-        elif finished:
-            # The previous round's spend is not known here (a run started mid-campaign):
-            # read it from its checkpoint once, then this round is settled.
-            previous = store.round_view(self.campaign, index - 1)["round"]
-            self._spent[index - 1] = _spent(previous)
-            return self._row(store, entry)
-        return row
 
 
 def _point(candidate: Sequence[float]) -> str:
