@@ -48,6 +48,7 @@ HUMAN_BUSY_RETRY_SECONDS: Final = 30.0
 HUMAN_DRAIN_SECONDS: Final = 2.0
 # The requests that carry a person's answer: a run's resume and its input.
 _HUMAN = re.compile(r"^/api/flow_runs/[^/]+/(resume|input)$")
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 _UNAVAILABLE: Final = 503
 # In the server's log with Prefect's own lines (its logging is set up for "prefect.*").
 _log = logging.getLogger("prefect.server.unattended")
@@ -76,10 +77,10 @@ class RetryBusy:
     A person's answer (``POST /api/flow_runs/{id}/resume`` or ``.../input``) is run
     again for ``human_budget`` seconds (30 s by default, or ``budget`` if longer;
     with either 0 it is a request like any other) and takes the floor once it met a
-    503: until it is answered, requests that arrive wait to start, and before each
-    run again it waits (up to ``drain`` seconds) for the requests already running.
-    So its transaction meets no other writer of ours; only the server's own
-    services still write meanwhile.
+    503: until it is answered, writes that arrive wait to start, and before each run
+    again it waits (up to ``drain`` seconds) for the writes already running (a read,
+    GET or HEAD, takes no write lock and is never held back). So its transaction
+    meets no other writer of ours; only the server's own services still write.
     """
 
     def __init__(
@@ -119,6 +120,9 @@ class RetryBusy:
         path = scope.get("path", "")
         if self.human_budget and scope.get("method") == "POST" and _HUMAN.match(path):
             await self._serve_first(scope, body, receive, send)
+            return
+        if scope.get("method") in _READS:  # takes no write lock: never held back
+            await self._serve(scope, body, receive, send, self.budget, None)
             return
         if not self._floor_free.is_set():
             with contextlib.suppress(TimeoutError):  # never longer than a person's budget

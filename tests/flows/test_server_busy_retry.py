@@ -190,6 +190,34 @@ def test_a_person_s_resume_is_run_again_past_the_budget_of_other_requests() -> N
     assert resume.headers[RETRIED_HEADER.decode()] == "12"
 
 
+def test_a_read_is_never_held_back_by_a_person_s_answer() -> None:
+    """A GET arriving while the resume holds the floor runs at once."""
+    calls: list[str] = []
+    first_503 = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        status = 503 if scope["path"] == RESUME and calls.count(RESUME) < 3 else 200
+        calls.append(scope["path"])
+        if status == 503:
+            first_503.set()
+            await asyncio.sleep(0.05)  # the resume's transaction takes its time
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def scenario() -> None:
+        middleware = RetryBusy(app, first_delay=0.001, max_delay=0.002)
+        transport = httpx.ASGITransport(app=middleware)
+        async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+            resume = asyncio.create_task(client.post(RESUME, content=b"{}"))
+            await first_503.wait()
+            assert (await client.get("/api/flow_runs/5f0c")).status_code == 200
+            assert (await resume).status_code == 200
+
+    asyncio.run(scenario())
+    assert calls.index("/api/flow_runs/5f0c") < len(calls) - 1  # before the resume's answer
+
+
 def test_a_person_s_budget_is_at_least_the_others_and_none_without_retries() -> None:
     assert RetryBusy(Flaky(0), budget=3.0).human_budget == 30.0
     assert RetryBusy(Flaky(0), budget=45.0).human_budget == 45.0
