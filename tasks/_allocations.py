@@ -13,6 +13,12 @@ while the others run on: ``on_job_ended`` is then called with that job, once, so
 the backend retires its workers (a job Slurm failed may leave them running on a
 node whose ``slurmd`` died) and its tasks run again on the jobs still alive.
 
+Only Slurm's answer ends a job: ``squeue`` exiting 0 without it (or with a final
+state), never a query that failed. While the controller does not answer (a
+restart, a failover) every job stays as last seen, nothing is killed or
+requested, and the outage is reported (``on_outage``); after
+``unreachable_seconds`` without an answer the jobs are given up as ended ``unknown``.
+
 The budget is the campaign's, not this process's: a watch starts from ``BudgetUsed``,
 what the campaign's provenance records of earlier runs (requests made, node-hours
 charged), so a campaign whose runs crash and are continued stops at its limit.
@@ -29,7 +35,14 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from policies import BudgetExceeded
-from tasks._slurm import AllocationState, EndReason, cancel_jobs, describe_queue, query_jobs
+from tasks._slurm import (
+    AllocationState,
+    EndReason,
+    SlurmQueryFailed,
+    cancel_jobs,
+    describe_queue,
+    query_jobs,
+)
 
 logger = logging.getLogger("unattended.tasks.allocations")
 
@@ -38,6 +51,10 @@ AllocationEnd = EndReason | Literal["released"]
 Submit = Callable[[], Awaitable[Sequence[str]]]
 OnChange = Callable[[list["AllocationRecord"]], None]
 OnJobEnded = Callable[[list["AllocationRecord"]], Awaitable[None]]
+#: Called with ``(kind, details)`` when the batch system stops or starts answering.
+OnOutage = Callable[[str, dict[str, object]], None]
+#: The outage events: no answer (first seen), answering again, and given up on.
+OUTAGE_EVENTS = ("slurm_unreachable", "slurm_reachable", "slurm_unreachable_gave_up")
 #: Seconds a backend may take to retire the workers of a job that ended alone.
 RETIRE_TIMEOUT = 60.0
 
@@ -153,11 +170,13 @@ class AllocationWatch:
         max_allocations: Requests allowed (the first included); None means no limit.
         max_node_hours: Node-hours the jobs may use in all; None means no limit.
         used: What earlier runs of the campaign used; both limits count it.
+        unreachable_seconds: How long ``squeue`` may fail before the jobs are given up.
 
     ``on_change`` (settable) is called with every record after a request and after
     any poll that changed one: the campaign writes them to its provenance.
     ``on_job_ended`` (settable, by the backend) is awaited with the jobs of the
     current request that Slurm ended while others of it still run, once per job.
+    ``on_outage`` (settable) is called with one of ``OUTAGE_EVENTS`` and its details.
     """
 
     def __init__(
@@ -169,8 +188,12 @@ class AllocationWatch:
         max_allocations: int | None = None,
         max_node_hours: float | None = None,
         used: BudgetUsed | None = None,
+        unreachable_seconds: float = 300.0,
     ) -> None:
         self._submit = submit
+        self.unreachable_seconds = unreachable_seconds
+        self._unreachable_since: float | None = None
+        self.on_outage: OnOutage | None = None
         self._env = dict(env)
         self.poll_seconds = poll_seconds
         self.max_allocations = max_allocations
@@ -292,11 +315,18 @@ class AllocationWatch:
         open_ids = [job_id for job_id, r in self._records.items() if not r.ended]
         before = dict(self._records)
         if open_ids:
+            asked_at = time.time()  # squeue may try for ~20 s before it gives up
             try:
                 states = await asyncio.to_thread(query_jobs, open_ids, env=self._env)
+            except SlurmQueryFailed as exc:
+                if not self._no_answer(open_ids, exc, asked_at):
+                    return
+                states = {}  # given up: every open job ends "unknown" below
             except (OSError, ValueError) as exc:
                 logger.warning("squeue failed (%s); allocation states not refreshed", exc)
                 return
+            else:
+                self._answered()
             now = time.time()
             for job_id in open_ids:
                 self._update(job_id, states.get(job_id), now)
@@ -309,6 +339,62 @@ class AllocationWatch:
         if changed or self._records != before:
             self._notify()
         await self._retire_ended_alone(current)
+
+    @property
+    def unreachable_since(self) -> float | None:
+        """Return since when the batch system has not answered, or None while it does."""
+        return self._unreachable_since
+
+    def _no_answer(self, open_ids: Sequence[str], exc: SlurmQueryFailed, asked_at: float) -> bool:
+        """Note a query the controller did not answer; return True once it is given up on."""
+        now = time.time()
+        if self._unreachable_since is None:
+            self._unreachable_since = asked_at
+            logger.warning(
+                "Slurm does not answer (%s): jobs %s are left as they were; nothing is "
+                "killed or requested for up to scheduler.unreachable_seconds=%g s",
+                exc,
+                ", ".join(open_ids),
+                self.unreachable_seconds,
+            )
+            self._tell_outage(
+                "slurm_unreachable",
+                {"jobs": list(open_ids), "since": asked_at, "message": str(exc)},
+            )
+        waited = now - self._unreachable_since
+        if waited < self.unreachable_seconds:
+            return False
+        logger.error(
+            "Slurm has not answered for %.0f s (scheduler.unreachable_seconds=%g): "
+            "jobs %s are given up as ended 'unknown'",
+            waited,
+            self.unreachable_seconds,
+            ", ".join(open_ids),
+        )
+        self._tell_outage(
+            "slurm_unreachable_gave_up",
+            {"jobs": list(open_ids), "since": self._unreachable_since, "seconds": waited},
+        )
+        self._unreachable_since = None
+        return True
+
+    def _answered(self) -> None:
+        """Note that the controller answered; report the end of an outage."""
+        since = self._unreachable_since
+        if since is None:
+            return
+        self._unreachable_since = None
+        seconds = time.time() - since
+        logger.warning("Slurm answers again after %.0f s without an answer", seconds)
+        self._tell_outage("slurm_reachable", {"since": since, "seconds": seconds})
+
+    def _tell_outage(self, kind: str, details: dict[str, object]) -> None:
+        if self.on_outage is None:
+            return
+        try:
+            self.on_outage(kind, details)
+        except Exception:  # recording it must not stop the tasks
+            logger.exception("recording the Slurm outage failed")
 
     async def _retire_ended_alone(self, current: list[AllocationRecord]) -> None:
         """Hand the jobs Slurm ended while their peers run on to ``on_job_ended``, once each."""

@@ -251,6 +251,7 @@ async def _jobqueue_cluster(
         max_allocations=site.scheduler.max_allocations,
         max_node_hours=site.scheduler.max_node_hours,
         used=used,
+        unreachable_seconds=site.scheduler.unreachable_seconds,
     )
     watch.on_job_ended = jobs.retire_jobs
     try:
@@ -302,6 +303,7 @@ async def _radical_pilot_backend(
         max_allocations=site.scheduler.max_allocations,
         max_node_hours=site.scheduler.max_node_hours,
         used=used,
+        unreachable_seconds=site.scheduler.unreachable_seconds,
     )
     try:
         await watch.request()

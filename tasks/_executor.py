@@ -183,6 +183,14 @@ class AllocationExecutor:
             self._watch.on_change = callback
             callback(self._watch.records)
 
+    def on_scheduler_outage(self, callback: Callable[[str, dict[str, object]], None]) -> None:
+        """Call ``callback(kind, details)`` when the batch system stops or starts answering.
+
+        ``kind`` is one of ``tasks._allocations.OUTAGE_EVENTS``.
+        """
+        if self._watch is not None:
+            self._watch.on_outage = callback
+
     def seconds_left(self) -> float | None:
         """Return seconds until the running allocation ends, if known (see ``allocation_end``)."""
         end = self.allocation_end()

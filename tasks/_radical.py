@@ -49,7 +49,7 @@ from urllib.parse import urlparse
 
 from tasks._site import SiteConfig
 from tasks._site_backends import RadicalPilotBackend
-from tasks._slurm import jobs_in_folder
+from tasks._slurm import SlurmQueryFailed, jobs_in_folder
 
 TESTED_PILOT = ("1.103",)
 #: The resource label whose config is written from the site's ``[scheduler]``.
@@ -299,7 +299,10 @@ class PilotJobs:
             if sandbox and folder is None:
                 folder = urlparse(str(sandbox)).path or str(sandbox)
             if folder is not None:
-                jobs = await asyncio.to_thread(jobs_in_folder, folder, env=self.env)
+                try:
+                    jobs = await asyncio.to_thread(jobs_in_folder, folder, env=self.env)
+                except SlurmQueryFailed:  # the controller is away: ask again
+                    jobs = []
                 if jobs:
                     return jobs[-1]
             if pilot.state in rp.FINAL:

@@ -93,6 +93,16 @@ class SchedulerConfig(BaseModel):
     poll_seconds: float = Field(
         default=10.0, ge=0.1, le=3600.0, description="How often squeue is asked about the jobs."
     )
+    unreachable_seconds: float = Field(
+        default=300.0,
+        ge=0.0,
+        le=86_400.0,
+        description=(
+            "How long the batch system may not answer (slurmctld restarting or failing "
+            "over; Slurm's own SlurmctldTimeout is 120 s) before its jobs count as ended "
+            "'unknown'. Meanwhile nothing is killed and no allocation is requested."
+        ),
+    )
 
     @field_validator("prologue")
     @classmethod

@@ -48,6 +48,45 @@ _END_REASONS: dict[str, EndReason] = {
 # squeue fields, '|'-separated: id, state, reason, submit, start, end, nodes, node count.
 _SQUEUE_FORMAT = "%i|%T|%r|%V|%S|%e|%N|%D"
 _SQUEUE_TIMEOUT = 30.0
+#: What squeue says (exit 1) when the controller knows none of the jobs asked about:
+#: an answer (they ended more than ``MinJobAge`` ago), not a failure.
+_NO_SUCH_JOBS = "Invalid job id specified"
+
+
+class SlurmQueryFailed(OSError):
+    """A Slurm client got no answer from the controller: nothing is known about the jobs.
+
+    ``squeue`` exits 1 with empty output while ``slurmctld`` is down or restarting
+    ("Unable to contact slurm controller"), and after ``MessageTimeout`` when it hangs
+    ("Socket timed out"). Such an answer says nothing about the jobs: they may run on.
+    """
+
+    def __init__(self, command: str, returncode: int | None, stderr: str) -> None:
+        self.command = command
+        self.returncode = returncode
+        self.stderr = stderr.strip()[-400:]
+        how = "timed out" if returncode is None else f"exited {returncode}"
+        super().__init__(f"{command} {how}: {self.stderr or 'no message'}")
+
+
+def _run_client(argv: list[str], env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client; a client that hangs past the timeout is a failed query.
+
+    Raises:
+        OSError: the client is not installed or cannot be run.
+        SlurmQueryFailed: it did not finish within the timeout.
+    """
+    try:
+        return subprocess.run(
+            argv,
+            env=dict(os.environ if env is None else env),
+            capture_output=True,
+            text=True,
+            timeout=_SQUEUE_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmQueryFailed(argv[0], None, f"no answer within {_SQUEUE_TIMEOUT:.0f} s") from exc
 
 
 def end_reason(state: str) -> EndReason:
@@ -152,26 +191,39 @@ def query_jobs(
 ) -> dict[str, AllocationState]:
     """Ask ``squeue -t all`` about ``job_ids``; jobs the controller forgot are left out.
 
+    Only an answer counts: exit status 0 (a job left out ended more than ``MinJobAge``
+    ago), or exit 1 with "Invalid job id specified" (the controller knows none of
+    them). Any other failure is no answer and raises: the jobs may well run on.
+
     Args:
         job_ids: Slurm job ids.
         env: Environment of the client (``SLURM_CONF``); ``None`` means ``os.environ``.
 
     Raises:
+        SlurmQueryFailed: the controller did not answer (down, restarting, hung).
         OSError: ``squeue`` is not installed or cannot be run.
     """
     ids = [str(job_id) for job_id in job_ids]
     if not ids:
         return {}
-    done = subprocess.run(
-        ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", _SQUEUE_FORMAT],
-        env=dict(os.environ if env is None else env),
-        capture_output=True,
-        text=True,
-        timeout=_SQUEUE_TIMEOUT,
-        check=False,
+    done = _run_client(
+        ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", _SQUEUE_FORMAT], env
     )
-    # Exit 1 with "Invalid job id" when the controller forgot every job asked about.
-    return parse_squeue(done.stdout)
+    return read_squeue_answer(done.returncode, done.stdout, done.stderr)
+
+
+def read_squeue_answer(returncode: int, stdout: str, stderr: str) -> dict[str, AllocationState]:
+    """Return the jobs a ``squeue`` run described; raise when it was not an answer.
+
+    Raises:
+        SlurmQueryFailed: ``squeue`` exited non-zero for another reason than jobs
+            the controller does not know (it could not reach the controller).
+    """
+    if returncode == 0:
+        return parse_squeue(stdout)
+    if _NO_SUCH_JOBS in stderr:
+        return {}
+    raise SlurmQueryFailed("squeue", returncode, stderr)
 
 
 def cancel_jobs(job_ids: Iterable[str], *, env: Mapping[str, str] | None = None) -> None:
@@ -202,16 +254,12 @@ def jobs_in_folder(
     found: it starts in a folder only that job uses.
 
     Raises:
+        SlurmQueryFailed: the controller did not answer.
         OSError: ``squeue`` is not installed or cannot be run.
     """
-    done = subprocess.run(
-        ["squeue", "-h", "-t", "all", "--me", "-o", "%i|%Z"],
-        env=dict(os.environ if env is None else env),
-        capture_output=True,
-        text=True,
-        timeout=_SQUEUE_TIMEOUT,
-        check=False,
-    )
+    done = _run_client(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%Z"], env)
+    if done.returncode != 0:
+        raise SlurmQueryFailed("squeue", done.returncode, done.stderr)
     wanted = os.path.realpath(folder)
     found = []
     for line in done.stdout.splitlines():
@@ -251,14 +299,10 @@ def parse_scontrol(output: str) -> AllocationState | None:
 
 def show_job(job_id: str, *, env: Mapping[str, str] | None = None) -> AllocationState | None:
     """Return what ``scontrol show job -o`` says about one job, or None."""
-    done = subprocess.run(
-        ["scontrol", "show", "job", "-o", str(job_id)],
-        env=dict(os.environ if env is None else env),
-        capture_output=True,
-        text=True,
-        timeout=_SQUEUE_TIMEOUT,
-        check=False,
-    )
+    try:
+        done = _run_client(["scontrol", "show", "job", "-o", str(job_id)], env)
+    except SlurmQueryFailed:
+        return None
     return parse_scontrol(done.stdout) if done.returncode == 0 else None
 
 
@@ -318,7 +362,10 @@ def allocation_end(job_id: str, *, env: Mapping[str, str] | None = None) -> floa
     inside = job_from_env(env)
     if inside is not None and inside.job_id == str(job_id) and inside.ends_at is not None:
         return inside.ends_at
-    state = query_job(job_id, env=env)
+    try:
+        state = query_job(job_id, env=env)
+    except SlurmQueryFailed:  # no answer now: the end is not known, not "never"
+        return None
     if state is None:
         state = show_job(job_id, env=env)
     return None if state is None else state.ends_at

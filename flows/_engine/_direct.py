@@ -154,6 +154,10 @@ async def _run_rounds(
             # Every change of the site's batch jobs (requested, started, ended and why)
             # goes to the provenance; `unattended status` reads the queue line from it.
             executor.on_allocation_change(lambda records: store.record_allocations(name, records))
+            # A controller that does not answer is an event, not the end of the jobs.
+            executor.on_scheduler_outage(
+                lambda kind, details: store.record_event(name, kind, details=details)
+            )
             checks, scores = build_gate(executor, loaded, site)
             engine = CampaignEngine(
                 loaded=loaded,

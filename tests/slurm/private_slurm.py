@@ -361,6 +361,33 @@ class SlurmCluster:
         _daemon([_program("slurmd"), "-f", str(self.conf), "-N", name], log)
         _wait_for(pid_file, f"slurmd of {name}", timeout, log)
 
+    def stop_controller(self) -> None:
+        """SIGTERM slurmctld and wait until it is gone (its state stays on disk).
+
+        Clients then get no answer ("Unable to contact slurm controller"); the jobs
+        run on under their slurmd, as during a controller restart or failover.
+        """
+        pid_file = self.root / "run" / "slurmctld.pid"
+        pid = _read_pid(pid_file)
+        if pid is None or not _alive(pid):
+            raise SlurmStartFailed("slurmctld is not running")
+        _kill_by_pid_file(pid_file)
+        if _alive(pid):
+            raise SlurmStartFailed(f"slurmctld {pid} did not stop")
+
+    def start_controller(self, timeout: float = _START_TIMEOUT) -> None:
+        """Start slurmctld again from its saved state (after ``stop_controller``)."""
+        pid_file = self.root / "run" / "slurmctld.pid"
+        log = self.root / "log" / "slurmctld.log"
+        pid_file.unlink(missing_ok=True)
+        _daemon([_program("slurmctld"), "-f", str(self.conf)], log)
+        _wait_for(pid_file, "slurmctld", timeout, log)
+        deadline = time.monotonic() + timeout
+        while self.run(["squeue", "-h"], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise SlurmStartFailed(f"slurmctld answers nothing after a restart (log: {log})")
+            time.sleep(0.2)
+
     def wait_steps_ended(self, timeout: float = 60.0) -> None:
         """Wait until no job step runs on the node (slurmstepd's sockets are gone).
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from tasks._allocations import AllocationWatch
 from tasks._slurm import (
     AllocationState,
+    SlurmQueryFailed,
     describe_queue,
     end_reason,
     job_from_env,
@@ -16,6 +19,7 @@ from tasks._slurm import (
     parse_scontrol,
     parse_squeue,
     read_jobcomp,
+    read_squeue_answer,
 )
 
 
@@ -152,3 +156,100 @@ class TestJobEnvironment:
         job = job_from_env({"SLURM_JOB_ID": "42"})
         assert job is not None
         assert job.ends_at is None
+
+
+# What squeue 22.05 printed on the private cluster (stdout, stderr, exit status), with
+# the controller up, with it killed, and with it stopped (SIGSTOP: it answers nothing).
+SQUEUE_UP = ("2|RUNNING|None|2026-12-05T22:09:28|2026-12-05T22:09:29|Unknown|n1|1\n", "", 0)
+SQUEUE_FORGOTTEN = ("", "slurm_load_jobs error: Invalid job id specified\n", 1)
+SQUEUE_DOWN = ("", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n", 1)
+SQUEUE_HUNG = ("", "slurm_load_jobs error: Socket timed out on send/recv operation\n", 1)
+
+
+class TestSqueueAnswers:
+    def test_an_exit_0_answer_lists_the_jobs_it_knows(self) -> None:
+        assert read_squeue_answer(SQUEUE_UP[2], *SQUEUE_UP[:2])["2"].running
+
+    def test_invalid_job_id_is_the_controller_saying_it_knows_none_of_them(self) -> None:
+        assert read_squeue_answer(SQUEUE_FORGOTTEN[2], *SQUEUE_FORGOTTEN[:2]) == {}
+
+    @pytest.mark.parametrize("answer", [SQUEUE_DOWN, SQUEUE_HUNG], ids=["killed", "stopped"])
+    def test_a_controller_that_does_not_answer_says_nothing_about_the_jobs(
+        self, answer: tuple[str, str, int]
+    ) -> None:
+        with pytest.raises(SlurmQueryFailed, match="squeue exited 1: slurm_load_jobs error"):
+            read_squeue_answer(answer[2], *answer[:2])
+
+
+def fake_squeue(folder: Path) -> Path:
+    """Write a ``squeue`` that replays one of the answers above, chosen by a file."""
+    program = folder / "squeue"
+    answer = folder / "answer"
+    program.write_text(
+        "#!/bin/sh\n"
+        f'. "{answer}"\n'
+        'printf "%s" "$OUT"; printf "%s" "$ERR" >&2; exit "$CODE"\n',
+        encoding="ascii",
+    )
+    program.chmod(0o755)
+    return answer
+
+
+def answer_with(path: Path, answer: tuple[str, str, int]) -> None:
+    out, err, code = answer
+    path.write_text(f"OUT='{out}'\nERR='{err}'\nCODE={code}\n", encoding="ascii")
+
+
+@pytest.mark.asyncio
+class TestAWatchThroughAnOutage:
+    """``AllocationWatch`` against a real ``squeue`` process replaying the answers above."""
+
+    async def watch(self, tmp_path: Path, unreachable: float) -> tuple[AllocationWatch, Path]:
+        answer = fake_squeue(tmp_path)
+        answer_with(answer, SQUEUE_UP)
+
+        async def submit() -> list[str]:
+            return ["2"]
+
+        env = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+        watch = AllocationWatch(submit, env=env, poll_seconds=60, unreachable_seconds=unreachable)
+        await watch.request()
+        return watch, answer
+
+    async def test_no_answer_ends_no_job_and_the_outage_is_told(self, tmp_path: Path) -> None:
+        watch, answer = await self.watch(tmp_path, unreachable=300.0)
+        told: list[tuple[str, dict[str, object]]] = []
+        watch.on_outage = lambda kind, details: told.append((kind, details))
+        assert watch.current[0].state == "RUNNING"
+        for down in (SQUEUE_DOWN, SQUEUE_HUNG):
+            answer_with(answer, down)
+            await watch.refresh()
+            assert watch.current[0].state == "RUNNING"
+            assert not watch.current[0].ended
+            assert not watch.is_lost
+        assert [kind for kind, _ in told] == ["slurm_unreachable"]
+        assert told[0][1]["jobs"] == ["2"]
+        assert watch.unreachable_since is not None
+        answer_with(answer, SQUEUE_UP)
+        await watch.refresh()
+        assert [kind for kind, _ in told] == ["slurm_unreachable", "slurm_reachable"]
+        assert watch.unreachable_since is None and not watch.is_lost
+
+    async def test_past_unreachable_seconds_the_jobs_are_given_up_unknown(
+        self, tmp_path: Path
+    ) -> None:
+        watch, answer = await self.watch(tmp_path, unreachable=0.0)
+        told: list[str] = []
+        watch.on_outage = lambda kind, _details: told.append(kind)
+        answer_with(answer, SQUEUE_DOWN)
+        await watch.refresh()
+        assert told == ["slurm_unreachable", "slurm_unreachable_gave_up"]
+        assert (watch.current[0].state, watch.current[0].end_reason) == ("UNKNOWN", "unknown")
+        assert watch.is_lost
+
+    async def test_a_job_the_controller_forgot_has_ended(self, tmp_path: Path) -> None:
+        watch, answer = await self.watch(tmp_path, unreachable=300.0)
+        answer_with(answer, SQUEUE_FORGOTTEN)
+        await watch.refresh()
+        assert watch.current[0].end_reason == "unknown"
+        assert watch.is_lost
