@@ -5,7 +5,8 @@ the spec and the files it names (transcript, policy), the policy's rules (a
 campaign with none must say so: ``allow_no_rules = true``; a rule that asks for
 approval must name who may give it), the site config (no ``<PLACEHOLDER>`` left,
 its backend's package installed, no task longer than its allocation's
-walltime by its cost model), the simulation's program (found, a regular file,
+walltime by its cost model, and where Slurm's commands are installed, a partition,
+account and QoS Slurm knows), the simulation's program (found, a regular file,
 executable) and the round-0 fallback batch. Every problem found is
 returned, each naming the file and the dotted field; :func:`require_valid` raises
 one error listing them all.
@@ -39,7 +40,14 @@ from policies import (
     SpecInvalid,
     load_policy,
 )
-from tasks import Bounds, NotifyConfig, SiteConfig, fallback_batch, load_site
+from tasks import (
+    Bounds,
+    NotifyConfig,
+    SiteConfig,
+    fallback_batch,
+    load_site,
+    slurm_site_problems,
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ def check_campaign(
     if site_config is not None:
         _runnable_site(site_config, location, site_problems)
         _tasks_fit_walltime(site_config, location, loaded, site_problems)
+        _slurm_knows_site(site_config, location, environment, site_problems)
         _notify_urls(site_config.notify, site_config.source or location, site_problems)
     rules = 0
     if loaded is not None:
@@ -290,6 +299,15 @@ def _runnable_site(
                     f"needs the Python package {module!r}, which is not installed here: {install}",
                 )
             )
+
+
+def _slurm_knows_site(
+    site: SiteConfig, location: str | None, env: Mapping[str, str], problems: list[Problem]
+) -> None:
+    """Ask this machine's Slurm whether the site's partition, account and QoS exist."""
+    file = site.source or location or site.name
+    for field, message in slurm_site_problems(site, env):
+        problems.append(Problem.at(file, field, message))
 
 
 def _tasks_fit_walltime(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tasks._proposal import Bounds, Proposal, candidates_hash, planner_checks
     from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult, TaskSpec
     from tasks._site import NotifyConfig, SiteConfig, load_site
+    from tasks._site_slurm import slurm_site_problems
     from tasks._surrogate import GaussianProcess
     from tasks._verifier import verifier
 
@@ -57,6 +58,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
         "_proposal": ["Bounds", "Proposal", "candidates_hash", "planner_checks"],
         "_results": ["ExecutableTask", "FunctionTask", "RetryRecord", "TaskResult", "TaskSpec"],
         "_site": ["NotifyConfig", "SiteConfig", "load_site"],
+        "_site_slurm": ["slurm_site_problems"],
         "_surrogate": ["GaussianProcess"],
         "_verifier": ["verifier"],
     },
@@ -95,5 +97,6 @@ __all__: list[str] = [
     "planner_checks",
     "reask_messages",
     "retire_left_open",
+    "slurm_site_problems",
     "verifier",
 ]

@@ -243,7 +243,7 @@ async def _jobqueue_cluster(
             details={"file": site.source, "field": placeholders[0]},
         )
     cluster = await start_jobqueue_cluster(site, spec, log_directory(site, work_dir))
-    jobs = WorkerJobs(cluster, spec.jobqueue.jobs)
+    jobs = WorkerJobs(cluster, spec.jobqueue.jobs, site=site.source or site.name)
     watch = AllocationWatch(
         jobs.submit,
         env=os.environ,

@@ -44,9 +44,11 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from policies import SiteInvalid
 from tasks._executables import refuse_new_executables
 from tasks._site import SiteConfig
 from tasks._site_backends import DaskBackend
+from tasks._site_slurm import sbatch_refusal
 
 TESTED_JOBQUEUE = ("0.8", "0.9")
 _CLUSTER_CLASSES = {
@@ -219,9 +221,10 @@ class WorkerJobs:
     counter is moved past every name ever used instead.
     """
 
-    def __init__(self, cluster: Any, jobs: int) -> None:
+    def __init__(self, cluster: Any, jobs: int, *, site: str = "the site") -> None:
         self.cluster = cluster
         self.jobs = jobs
+        self.site = site
         self._used = 0
 
     async def submit(self) -> list[str]:
@@ -237,7 +240,17 @@ class WorkerJobs:
         await cluster
         cluster._i = max(int(getattr(cluster, "_i", 0)), self._used)  # see the class docstring
         cluster.scale(jobs=self.jobs)
-        await cluster
+        try:
+            await cluster
+        except Exception as exc:
+            refused = sbatch_refusal(exc)
+            if refused is None:
+                raise
+            field, words = refused
+            raise SiteInvalid(
+                f"{self.site}: field '{field}': Slurm refused the allocation's job: {words}",
+                details={"file": self.site, "field": field, "slurm": words},
+            ) from None
         names = list(cluster.worker_spec)
         self._used = int(getattr(cluster, "_i", 0)) + len(names)
         ids = [getattr(cluster.workers.get(name), "job_id", None) for name in names]
