@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from tasks._slurm import (
     describe_queue,
     query_jobs,
 )
+from tasks._task_ledger import RESULTS_FOLDER, jobs_with_open_tasks
 
 logger = logging.getLogger("unattended.tasks.allocations")
 
@@ -112,7 +114,10 @@ class AllocationRecord:
 
 
 def retire_left_open(
-    records: Sequence[AllocationRecord], *, env: Mapping[str, str]
+    records: Sequence[AllocationRecord],
+    *,
+    env: Mapping[str, str],
+    campaign_dir: str | os.PathLike[str] | None = None,
 ) -> list[AllocationRecord]:
     """End the jobs an earlier run of the campaign left open; return their records, ended.
 
@@ -122,10 +127,23 @@ def retire_left_open(
     ended meanwhile get their end as Slurm tells it, and the ones the controller
     forgot end ``unknown`` (at their planned end, or now if that is earlier).
 
+    Jobs the campaign's task ledger (``campaign_dir/task-results``, ``tasks._task_ledger``)
+    names as running a task of the dead run with no result yet are spared: the
+    next run waits for those results, so the jobs are neither cancelled nor
+    recorded ended here; they end by themselves once their workers are gone.
+
     Raises:
+        SlurmQueryFailed: the controller did not answer (the jobs stay open).
         OSError: ``squeue`` or ``scancel`` cannot be run.
     """
-    left_open = [r for r in records if not r.ended]
+    busy = (
+        set()
+        if campaign_dir is None
+        else jobs_with_open_tasks(os.path.join(campaign_dir, RESULTS_FOLDER))
+    )
+    left_open = [r for r in records if not r.ended and r.job_id not in busy]
+    if busy:
+        logger.info("jobs %s still run tasks of an earlier run: waited for", sorted(busy))
     if not left_open:
         return []
     states = query_jobs([r.job_id for r in left_open], env=env)

@@ -329,6 +329,8 @@ async def _launch_once(
         for index, candidate in zip(indexes, candidates, strict=True)
     ]
     prefix = f"{campaign}/{round_index}/{key[:16]}"
-    results = await executor.run_batch(tasks, key_prefix=prefix, on_result=on_result)
+    # durable: the prefix names this batch in every run, so a continuation harvests
+    # what a run that died left in the task ledger instead of running it again.
+    results = await executor.run_batch(tasks, key_prefix=prefix, on_result=on_result, durable=True)
     store.record_batch_results(key, results)
     return results, False

@@ -51,6 +51,8 @@ from tasks._executables import (
     run_executable_blocking,
 )
 from tasks._results import ExecutableTask, FunctionTask, TaskStatus, jsonable, tail
+from tasks._task_ledger import TaskLedger, TaskRef
+from tasks._task_supervisor import fenced_out, where, write_atomically
 
 if TYPE_CHECKING:
     from tasks._allocations import AllocationRecord, AllocationWatch
@@ -119,10 +121,59 @@ def call_pickled(payload: bytes) -> Any:
     return _call(fn, args, kwargs)
 
 
-async def remote_call(payload: bytes, offload: bool) -> tuple[str, str | None, float, Any]:
+def _call_recorded(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    record: tuple[str, str, str, int, str] | None,
+) -> Any:
+    """Call ``fn`` and, with ``record``, report its start and result to the task ledger.
+
+    Runs on the worker, in the thread that calls the function, so the result is
+    written even when the coroutine that awaits it is gone (``tasks._task_ledger``).
+    """
+    if record is None:
+        return _call(fn, args, kwargs)
+    folder, digest, token, attempt, key = record
+    if fenced_out(folder, token):
+        raise TaskFenced(f"task {key} not started: a newer run of the campaign took over")
+    marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
+    write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    started = time.perf_counter()
+    try:
+        value = _call(fn, args, kwargs)
+    except BaseException as exc:
+        failure = {
+            "kind": "error",
+            "type": type(exc).__name__,
+            "mro": [f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__],
+            "retryable": bool(isinstance(exc, UnattendedError) and exc.retryable),
+            "text": _error_text(exc),
+        }
+        result = {**marker, **failure, "runtime": time.perf_counter() - started}
+        write_atomically(folder, f"{digest}.result", result, sync=True)
+        raise
+    try:
+        recorded: dict[str, Any] = {"kind": "value", "value": jsonable(value)}
+    except TypeError as exc:
+        recorded = {"kind": "error", "type": "TypeError", "mro": [], "text": str(exc),
+                    "retryable": False, "reason": "result not JSON"}  # fmt: skip
+    result = {**marker, **recorded, "runtime": time.perf_counter() - started}
+    write_atomically(folder, f"{digest}.result", result, sync=True)
+    return value
+
+
+class TaskFenced(Exception):  # noqa: N818  # names what happened, like the taxonomy
+    """A worker of an earlier run was asked to start a task after a newer run took over."""
+
+
+async def remote_call(
+    payload: bytes, offload: bool, record: tuple[str, str, str, int, str] | None = None
+) -> tuple[str, str | None, float, Any]:
     """Run a cloudpickled call where the engine's backend puts it.
 
     Returns ``(host, Slurm job id or None, runtime, value)``, read on the worker.
+    With ``record`` the call reports to the task ledger (``_call_recorded``).
 
     asyncflow accepts only ``async`` task functions. On Dask a coroutine runs on
     the worker's event loop, so the blocking call is ``offload``-ed to a thread
@@ -131,11 +182,16 @@ async def remote_call(payload: bytes, offload: bool) -> tuple[str, str | None, f
     fn, args, kwargs = cloudpickle.loads(payload)
     started = time.perf_counter()
     if offload:
-        value = await asyncio.to_thread(_call, fn, args, kwargs)
+        value = await asyncio.to_thread(_call_recorded, fn, args, kwargs, record)
     else:
-        value = _call(fn, args, kwargs)
+        value = _call_recorded(fn, args, kwargs, record)
     job_id = os.environ.get("SLURM_JOB_ID") or None
     return node_name(), job_id, time.perf_counter() - started, value
+
+
+def _record(ref: TaskRef | None) -> tuple[str, str, str, int, str] | None:
+    """Return a ledger reference as the plain tuple shipped to the worker."""
+    return None if ref is None else (ref.folder, ref.digest, ref.token, ref.attempt, ref.key)
 
 
 def dask_key(key: str) -> str:
@@ -283,22 +339,28 @@ class Dispatcher:
         self.job_id = os.environ.get("SLURM_JOB_ID") or None
         #: The site's watched allocations (dask-jobqueue jobs, a pilot), if any.
         self.allocations: AllocationWatch | None = None
+        #: Where tasks on the allocation report their start and result, if anywhere.
+        self.ledger: TaskLedger | None = None
         self._remote: Any = engine.function_task(remote_call) if engine is not None else None
         self._finished: list[str] = []
 
     async def function(
-        self, task: FunctionTask, key: str, time_limit: float | None
+        self, task: FunctionTask, key: str, time_limit: float | None, ref: TaskRef | None = None
     ) -> AttemptOutcome:
-        """Run one attempt of a function task."""
+        """Run one attempt of a function task (reporting to the ledger with ``ref``)."""
         if self.direct and self.pool is not None:
             return self._here(await self._function_direct(task, time_limit))
         payload = cloudpickle.dumps((task.fn, tuple(task.args), dict(task.kwargs)))
-        return await self._through_engine(payload, key, time_limit, lambda value: value, task)
+        return await self._through_engine(payload, key, time_limit, lambda value: value, task, ref)
 
     async def executable(
-        self, task: ExecutableTask, key: str, time_limit: float | None
+        self,
+        task: ExecutableTask,
+        key: str,
+        time_limit: float | None,
+        ref: TaskRef | None = None,
     ) -> AttemptOutcome:
-        """Run one attempt of an executable task."""
+        """Run one attempt of an executable task (reporting to the ledger with ``ref``)."""
         if self.remote_kind == "local":
             try:
                 out = await run_executable(task, time_limit=time_limit, grace=self.grace)
@@ -316,13 +378,14 @@ class Dispatcher:
         payload = cloudpickle.dumps(
             (
                 run_executable_blocking,
-                (list(task.argv), task.stdin, task.env, task.cwd, time_limit, self.grace),
+                (list(task.argv), task.stdin, task.env, task.cwd, time_limit, self.grace,
+                 _record(ref)),
                 {},
             )
-        )
+        )  # fmt: skip
         # The worker enforces the time limit and kills the group; this is a backstop.
         backstop = None if time_limit is None else time_limit + 2 * self.grace + 30.0
-        outcome = await self._through_engine(payload, key, backstop, None, task)
+        outcome = await self._through_engine(payload, key, backstop, None, task, ref)
         if outcome.status == "done" and isinstance(outcome.value, ExecOutcome):
             judged = executable_outcome(outcome.value, task, self.transient_codes, time_limit)
             return replace(judged, job_id=outcome.job_id) if outcome.job_id else judged
@@ -332,21 +395,67 @@ class Dispatcher:
         """Stamp a local outcome with the batch job this process runs in, if any."""
         return outcome if self.job_id is None else replace(outcome, job_id=self.job_id)
 
-    def interrupted(self, record: AllocationRecord | None, runtime: float) -> AttemptOutcome:
-        """Return the outcome of an attempt whose allocation ended before it finished."""
-        if record is None:
-            why = "allocation ended"
-        else:
-            why = f"allocation ended: job {record.job_id} {record.state}"
+    def interrupted(
+        self, record: AllocationRecord | None, runtime: float, ref: TaskRef | None = None
+    ) -> AttemptOutcome:
+        """Return the outcome of an attempt whose allocation ended before it finished.
+
+        With the task's ledger entry (``ref``) it is credited to the job and node it
+        started in, or to none when it never started; otherwise to the last job to end.
+        """
+        why = "allocation ended" if record is None else (
+            f"allocation ended: job {record.job_id} {record.state}"
+        )  # fmt: skip
+        job_id = record.job_id if record is not None else None
+        host = record.nodes[0] if record is not None and record.nodes else self.host
+        if ref is not None and self.ledger is not None:
+            marker = self.ledger.started_by(ref)
+            if marker is None:
+                job_id, host, why = None, "", f"{why}; the task had not started"
+            else:
+                job_id, host = marker.get("job_id"), str(marker.get("node") or "")
         return AttemptOutcome(
             status="interrupted",
             runtime=runtime,
-            host=record.nodes[0] if record is not None and record.nodes else self.host,
+            host=host,
             error_code="allocation_ended",
             reason=why,
             stderr_tail=why,
-            job_id=record.job_id if record is not None else None,
+            job_id=job_id,
         )
+
+    def harvested(
+        self, found: dict[str, Any], task: FunctionTask | ExecutableTask, time_limit: float | None
+    ) -> AttemptOutcome:
+        """Return the outcome a task's wrapper recorded in the ledger (an earlier run's)."""
+        host = str(found.get("node") or found.get("host") or "")
+        job_id = found.get("job_id")
+        runtime = float(found.get("runtime") or 0.0)
+        kind = found.get("kind")
+        if kind == "exec" and isinstance(task, ExecutableTask):
+            out = ExecOutcome(
+                found.get("exit_code"), str(found.get("stdout") or ""),
+                str(found.get("stderr_tail") or ""), False, runtime, host,
+            )  # fmt: skip
+            outcome = executable_outcome(out, task, self.transient_codes, time_limit)
+        elif kind == "value":
+            outcome = function_done(found.get("value"), runtime, host)
+        else:
+            names = set(found.get("mro") or ())
+            wanted = {f"{k.__module__}.{k.__qualname__}" for k in getattr(task, "transient", ())}
+            name = str(found.get("type") or "Exception")
+            outcome = AttemptOutcome(
+                status="failed",
+                runtime=runtime,
+                host=host,
+                stderr_tail=str(found.get("text") or ""),
+                error_code="task_failed",
+                transient=name in LOST_WORKER
+                or bool(found.get("retryable"))
+                or bool(names & wanted),
+                reason=str(found.get("reason") or name),
+            )
+        return replace(outcome, job_id=str(job_id) if job_id else None)
 
     async def _function_direct(
         self, task: FunctionTask, time_limit: float | None
@@ -382,16 +491,19 @@ class Dispatcher:
         time_limit: float | None,
         convert: Callable[[Any], Any] | None,
         task: FunctionTask | ExecutableTask,
+        ref: TaskRef | None = None,
     ) -> AttemptOutcome:
         started = time.perf_counter()
         watch = self.allocations
         lost = watch.lost if watch is not None else None
         if lost is not None and lost.done():
             # Nothing is left to run it: do not leave it queued for the next allocation.
-            return self.interrupted(lost.result(), 0.0)
+            return self.interrupted(lost.result(), 0.0, ref)
         offload = self.remote_kind == "dask"
+        # A function reports to the ledger itself; an executable's supervisor does.
+        record = _record(ref) if convert is not None else None
         # Dask keys the task by this; every attempt of every task is unique.
-        future = self._remote(payload, offload, task_description={"key": dask_key(key)})
+        future = self._remote(payload, offload, record, task_description={"key": dask_key(key)})
         try:
             # Not wait_for: asyncflow's cancel only *requests* a backend cancel, and
             # wait_for would wait for the backend to confirm it.
@@ -403,7 +515,7 @@ class Dispatcher:
                 # Cancelled in Dask too, so it cannot run in the next allocation.
                 future.cancel()
                 if lost is not None and lost in done:
-                    return self.interrupted(lost.result(), time.perf_counter() - started)
+                    return self.interrupted(lost.result(), time.perf_counter() - started, ref)
                 return timed_out(time.perf_counter() - started, self.host, time_limit)
             host, job_id, runtime, value = future.result()
         except asyncio.CancelledError:
@@ -425,7 +537,7 @@ class Dispatcher:
                 # The worker went away: if its allocation did too, this is an interruption.
                 await watch.refresh()
                 if watch.is_lost:
-                    return self.interrupted(watch.lost.result(), time.perf_counter() - started)
+                    return self.interrupted(watch.lost.result(), time.perf_counter() - started, ref)
             types = task.transient if isinstance(task, FunctionTask) else ()
             return _function_failure(exc, types, time.perf_counter() - started, self.host)
         finally:

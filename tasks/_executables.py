@@ -20,6 +20,7 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ def node_name() -> str:
     """
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
+
+#: The wrapper that records an executable task's start and result on the allocation.
+SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_task_supervisor.py")
 
 #: File descriptors one running executable may hold: three pipes while spawning
 #: (both ends), the exec-error pipe and a pidfd.
@@ -227,9 +231,20 @@ def run_executable_blocking(
     cwd: str | None,
     time_limit: float | None,
     grace: float,
+    record: tuple[str, str, str, int, str] | None = None,
 ) -> ExecOutcome:
-    """Run an executable from a worker thread or a Dask worker, same contract as above."""
+    """Run an executable from a worker thread or a Dask worker, same contract as above.
+
+    With ``record`` (a ``TaskRef``'s folder, digest, token, attempt and key) the program
+    runs under ``tasks/_task_supervisor.py``, in the same session, which writes its
+    started marker and its result to the campaign's ``task-results`` folder and
+    outlives this worker (``tasks._task_ledger``).
+    """
     started = time.perf_counter()
+    if record is not None:
+        folder, digest, token, attempt, key = record
+        argv = [sys.executable, "-I", "-S", SUPERVISOR, folder, digest, token, str(attempt),
+                key, "--", *argv]  # fmt: skip
     with _SPAWN_LOCK:
         if _refusing:
             # As if started and killed at once, like the executables running here.

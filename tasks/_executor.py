@@ -58,6 +58,7 @@ from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult
 from tasks._site import SiteConfig
 from tasks._site_backends import LocalBackend
 from tasks._slurm import job_from_env
+from tasks._task_ledger import RESULTS_FOLDER, TaskLedger, TaskRef
 
 OnResult = Callable[[TaskResult], "Awaitable[None] | None"]
 logger = logging.getLogger("unattended.tasks.executor")
@@ -77,6 +78,19 @@ def _new_process_token() -> None:
 
 
 os.register_at_fork(after_in_child=_new_process_token)
+
+
+def _lost_record(number: int, marker: dict[str, Any]) -> RetryRecord:
+    """Return the record of a task a dead run started that ended without a result."""
+    return RetryRecord(
+        attempt=number,
+        error_code="allocation_ended",
+        reason=(
+            f"lost: started in job {marker.get('job_id')} on {marker.get('node')} by a run "
+            "that died; its job ended without a result"
+        ),
+        at=float(marker.get("started_at") or time.time()),
+    )
 
 
 def unique_token() -> str:
@@ -115,6 +129,7 @@ class AllocationExecutor:
         self._exec_limit = 0
         self._transient_codes = frozenset(site.transient_exit_codes)
         self._watch: AllocationWatch | None = None
+        self._ledger: TaskLedger | None = None
 
     @classmethod
     def from_site(
@@ -324,6 +339,11 @@ class AllocationExecutor:
             self._dispatch.replace_pool = self._replace_pool
         self._watch = self._parts.allocations
         self._dispatch.allocations = self._watch
+        if self._watch is not None:
+            # Tasks on the allocation report here; workers of earlier runs start no more.
+            self._ledger = TaskLedger(os.path.join(work_dir, RESULTS_FOLDER), unique_token())
+            self._ledger.fence()
+            self._dispatch.ledger = self._ledger
         self._slots = asyncio.Semaphore(self.site.max_concurrency)
         # Only local executables hold descriptors of this process.
         limit = executable_slots(self.site.max_concurrency) if local else self.site.max_concurrency
@@ -381,6 +401,7 @@ class AllocationExecutor:
         *,
         key_prefix: str,
         on_result: OnResult | None = None,
+        durable: bool = False,
     ) -> list[TaskResult]:
         """Run every task, at most ``max_concurrency`` at once; return results in input order.
 
@@ -388,6 +409,9 @@ class AllocationExecutor:
             tasks: The tasks of the batch.
             key_prefix: ``campaign/round/batch``; each task's key adds ``/<index>-<token>``.
             on_result: Called (sync or async) with each result as it finishes, for progress.
+            durable: ``key_prefix`` names this batch in every run of the campaign (a
+                simulation batch's): on a site with its own jobs each task's result
+                recorded by an earlier run is harvested instead of run again.
         """
         todo = list(tasks)
         token = unique_token()
@@ -397,7 +421,8 @@ class AllocationExecutor:
         async def consume() -> None:
             # One shared iterator: a bounded set of consumers, not one task per item.
             for index, task in queue:
-                result = await self._run(task, f"{key_prefix}/{index}-{token}", index)
+                durable_key = f"{key_prefix}/{index}" if durable else None
+                result = await self._run(task, f"{key_prefix}/{index}-{token}", index, durable_key)
                 results[index] = result
                 if self._watch is not None:  # before on_result: it records the job's window
                     await self._watch.saw_task_in(result.job_id)
@@ -429,16 +454,39 @@ class AllocationExecutor:
             raise
         return [result for result in results if result is not None]
 
-    async def _run(self, task: TaskSpec, key: str, index: int) -> TaskResult:
+    async def _run(
+        self, task: TaskSpec, key: str, index: int, durable: str | None = None
+    ) -> TaskResult:
+        """Run a task to its final result; with a ``durable`` key, harvest an earlier run's first.
+
+        A durable key (``<batch prefix>/<index>``) names the same task in every run of
+        the campaign: its result recorded in the task ledger by a run that died is
+        taken as it is (recorded once, with its own job and node), one still running
+        in a live job is waited for, and one lost (its job ended without a result) is
+        run again, the loss kept in ``retries``.
+        """
         if self._dispatch is None or self._slots is None or self._exec_slots is None:
             raise RuntimeError("use 'async with AllocationExecutor(...)' before submitting tasks")
         timeout = task.timeout if task.timeout is not None else self.site.task_timeout
         retries = task.retries if task.retries is not None else self.site.retries
         records: list[RetryRecord] = []
         attempt = 1
+        ledger = self._ledger
         async with self._slots:
-            while True:
-                outcome = await self._attempt(task, f"{key}#{attempt}", timeout)
+            outcome: AttemptOutcome | None = None
+            if ledger is not None and durable is not None:
+                found, lost = await ledger.settle(
+                    durable, env=os.environ, poll_seconds=self.site.scheduler.poll_seconds
+                )
+                records += [_lost_record(n, marker) for n, marker in enumerate(lost, 1)]
+                if found is not None:
+                    outcome = self._dispatch.harvested(found, task, timeout)
+                    attempt = int(found.get("attempt") or 1)
+                    if outcome.transient and outcome.status != "done" and attempt <= retries:
+                        outcome, attempt = None, attempt + 1  # retried from where it was
+            while outcome is None:
+                ref = ledger.ref(durable or key, attempt) if ledger is not None else None
+                outcome = await self._attempt(task, f"{key}#{attempt}", timeout, ref)
                 if outcome.status == "done" or not outcome.transient or attempt > retries:
                     break
                 records.append(
@@ -453,6 +501,7 @@ class AllocationExecutor:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 attempt += 1
+                outcome = None
         # Every field comes from this module's own typed code (values already made
         # JSON by `jsonable`): validating again cost ~15 us a task at 10k tasks.
         return TaskResult.model_construct(
@@ -465,17 +514,19 @@ class AllocationExecutor:
             job_id=outcome.job_id,
             exit_code=outcome.exit_code,
             stderr_tail=outcome.stderr_tail,
-            attempts=attempt,
+            attempts=max(attempt, len(records) + 1),
             error_code=outcome.error_code,
             retries=tuple(records),
         )
 
-    async def _attempt(self, task: TaskSpec, key: str, time_limit: float | None) -> AttemptOutcome:
+    async def _attempt(
+        self, task: TaskSpec, key: str, time_limit: float | None, ref: TaskRef | None
+    ) -> AttemptOutcome:
         assert self._dispatch is not None
         assert self._exec_slots is not None
         if isinstance(task, ExecutableTask):
             async with self._exec_slots:
-                return await self._dispatch.executable(task, key, time_limit)
+                return await self._dispatch.executable(task, key, time_limit, ref)
         if isinstance(task, FunctionTask):
-            return await self._dispatch.function(task, key, time_limit)
+            return await self._dispatch.function(task, key, time_limit, ref)
         raise TypeError(f"not a task: {type(task).__name__}")

@@ -112,15 +112,14 @@ def slurm_site_problems(site: SiteConfig, env: Mapping[str, str]) -> list[tuple[
         return []
     scheduler = site.scheduler
     problems: list[tuple[str, str]] = []
-    if scheduler.queue:
-        if scheduler.queue not in partitions:
-            known = ", ".join(sorted(partitions)) or "none"
-            problems.append(
-                (
-                    "scheduler.partition",
-                    f"Slurm has no partition {scheduler.queue!r} (sinfo lists: {known})",
-                )
+    if scheduler.queue and scheduler.queue not in partitions:
+        known = ", ".join(sorted(partitions)) or "none"
+        problems.append(
+            (
+                "scheduler.partition",
+                f"Slurm has no partition {scheduler.queue!r} (sinfo lists: {known})",
             )
+        )
     for value, field, kind in (
         (scheduler.account, "scheduler.account", "account"),
         (scheduler.qos, "scheduler.qos", "qos"),

@@ -53,7 +53,7 @@ _SQUEUE_TIMEOUT = 30.0
 _NO_SUCH_JOBS = "Invalid job id specified"
 
 
-class SlurmQueryFailed(OSError):
+class SlurmQueryFailed(OSError):  # noqa: N818  # names what happened, like the taxonomy
     """A Slurm client got no answer from the controller: nothing is known about the jobs.
 
     ``squeue`` exits 1 with empty output while ``slurmctld`` is down or restarting

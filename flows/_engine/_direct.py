@@ -141,7 +141,7 @@ async def _run_rounds(
     failpoint("campaign_start")
     folder = str(work_dir) if work_dir is not None else None
     # Jobs a crashed run left open are ended first, so their cost is known and stops.
-    await end_left_open(store, name, site, env)
+    await end_left_open(store, name, site, env, folder)
     # The site's allocation budget is the campaign's: what earlier runs' jobs used counts.
     usage = store.allocation_usage(name)
     used = BudgetUsed(requests=usage.requests, node_hours=usage.node_hours)

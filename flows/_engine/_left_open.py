@@ -43,16 +43,24 @@ def _record(row: Mapping[str, Any]) -> AllocationRecord:
 
 
 async def end_left_open(
-    store: ProvenanceStore, name: str, site: SiteConfig, env: Mapping[str, str]
+    store: ProvenanceStore,
+    name: str,
+    site: SiteConfig,
+    env: Mapping[str, str],
+    work_dir: str | None = None,
 ) -> int:
-    """End and record the Slurm jobs earlier runs of ``name`` left open; return how many."""
+    """End and record the Slurm jobs earlier runs of ``name`` left open; return how many.
+
+    Jobs still running tasks whose results the campaign directory's task ledger
+    (``work_dir/task-results``) awaits are spared: the run waits for those results.
+    """
     if site.scheduler.system != "slurm":
         return 0
     left_open = [_record(row) for row in store.allocations(name) if row["end_reason"] is None]
     if not left_open:
         return 0
     try:
-        ended = await asyncio.to_thread(retire_left_open, left_open, env=env)
+        ended = await asyncio.to_thread(retire_left_open, left_open, env=env, campaign_dir=work_dir)
     except OSError as exc:  # no squeue here: they stay open, charged until their planned end
         log.warning("cannot end the jobs an earlier run left open: %s", type(exc).__name__)
         return 0

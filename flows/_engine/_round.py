@@ -809,6 +809,9 @@ class CampaignEngine:
         self.counters.after_batch(launch.disposition, launch.node_hours)
         failed = sum(1 for r in results if r.status != "done")
         self.counters.failed_last_batch = failed
+        # Every task interrupted (no allocation finished one): the round produced no
+        # result, and is recorded so; the campaign goes on from its states all the same.
+        produced = not results or any(r.status != "interrupted" for r in results)
         with failpoint_in_commit(self.store, "checkpoint_commit"):
             self.store.checkpoint_round(
                 self.name,
@@ -819,7 +822,7 @@ class CampaignEngine:
                     "campaign": self.counters.to_state(),
                 },
                 planner_state=self.planner.to_state(),
-                status="completed",
+                status="completed" if produced else "failed",
             )
         self.saved_observations = self.surrogate.observations
         failpoint("after_checkpoint")

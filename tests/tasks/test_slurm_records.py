@@ -162,7 +162,11 @@ class TestJobEnvironment:
 # the controller up, with it killed, and with it stopped (SIGSTOP: it answers nothing).
 SQUEUE_UP = ("2|RUNNING|None|2026-12-05T22:09:28|2026-12-05T22:09:29|Unknown|n1|1\n", "", 0)
 SQUEUE_FORGOTTEN = ("", "slurm_load_jobs error: Invalid job id specified\n", 1)
-SQUEUE_DOWN = ("", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n", 1)
+SQUEUE_DOWN = (
+    "",
+    "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
+    1,
+)
 SQUEUE_HUNG = ("", "slurm_load_jobs error: Socket timed out on send/recv operation\n", 1)
 
 
@@ -186,9 +190,7 @@ def fake_squeue(folder: Path) -> Path:
     program = folder / "squeue"
     answer = folder / "answer"
     program.write_text(
-        "#!/bin/sh\n"
-        f'. "{answer}"\n'
-        'printf "%s" "$OUT"; printf "%s" "$ERR" >&2; exit "$CODE"\n',
+        f'#!/bin/sh\n. "{answer}"\nprintf "%s" "$OUT"; printf "%s" "$ERR" >&2; exit "$CODE"\n',
         encoding="ascii",
     )
     program.chmod(0o755)
@@ -233,7 +235,8 @@ class TestAWatchThroughAnOutage:
         answer_with(answer, SQUEUE_UP)
         await watch.refresh()
         assert [kind for kind, _ in told] == ["slurm_unreachable", "slurm_reachable"]
-        assert watch.unreachable_since is None and not watch.is_lost
+        assert watch.unreachable_since is None
+        assert not watch.is_lost
 
     async def test_past_unreachable_seconds_the_jobs_are_given_up_unknown(
         self, tmp_path: Path

@@ -1,0 +1,166 @@
+"""Results that outlive the campaign's process: one file per task key on the shared filesystem.
+
+On a site whose workers are batch jobs (dask-jobqueue, a pilot) the Dask scheduler
+lives in the campaign's process: when that process dies (a login-node reboot, a
+SIGKILL), the workers close at once and the tasks they were running finish with
+nobody to hear them. So every task on the allocation reports to a folder under the
+campaign directory (``task-results/``), which the next run reads before it launches
+anything:
+
+* ``<digest>.started-<token>``: the task started, in which Slurm job, on which node
+  and host, as which pid (``token`` names the executor run that launched it);
+* ``<digest>.result``: what it produced, written atomically (temporary name in the
+  same folder, fsync, rename) by the task's wrapper on the worker; for an
+  executable, a supervisor process in the task's own session
+  (``tasks/_task_supervisor.py``), which outlives the worker;
+* ``fence``: the executor run that may start tasks now. A new run writes its token
+  first; a worker of a dead run then starts nothing more (its running tasks finish
+  and report).
+
+``digest`` is a hash of the task's durable key: ``<batch prefix>/<index>`` for a
+simulation batch (its prefix is content-addressed by the batch key), so the same
+task of a continued campaign finds its earlier result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks._slurm import SlurmQueryFailed, query_jobs
+
+#: The folder under the campaign directory.
+RESULTS_FOLDER = "task-results"
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """What a task's wrapper on the worker needs to report: folder, key digest, run, attempt."""
+
+    folder: str
+    digest: str
+    token: str
+    attempt: int
+    key: str = ""
+
+
+def key_digest(key: str) -> str:
+    """Return the file name stem of a durable task key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _supervisor_alive(marker: Mapping[str, Any]) -> bool:
+    """True when the marker's pid is a live task wrapper on this host."""
+    if marker.get("host") != socket.gethostname() or not isinstance(marker.get("pid"), int):
+        return False
+    try:
+        command = Path(f"/proc/{marker['pid']}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"_task_supervisor" in command
+
+
+class TaskLedger:
+    """The campaign's ``task-results`` folder, as one executor run uses it."""
+
+    def __init__(self, folder: str | os.PathLike[str], token: str) -> None:
+        self.folder = Path(folder)
+        self.token = token
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def fence(self) -> None:
+        """Make this run the one whose tasks may start (workers of earlier runs start none)."""
+        temporary = self.folder / f".fence.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as out:  # the token, nothing else
+            out.write(self.token)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.folder / "fence")
+
+    def ref(self, key: str, attempt: int) -> TaskRef:
+        """Return what the wrapper of attempt ``attempt`` of task ``key`` reports with."""
+        return TaskRef(str(self.folder), key_digest(key), self.token, attempt, key)
+
+    def result(self, key: str) -> dict[str, Any] | None:
+        """Return the recorded result of task ``key``, or None."""
+        return _read(self.folder / f"{key_digest(key)}.result")
+
+    def started(self, key: str, token: str | None = None) -> dict[str, Any] | None:
+        """Return where run ``token`` (default: this one) started task ``key``, or None."""
+        return _read(self.folder / f"{key_digest(key)}.started-{token or self.token}")
+
+    def started_by(self, ref: TaskRef) -> dict[str, Any] | None:
+        """Return the marker of the attempt ``ref`` names, or None if it never started."""
+        marker = _read(self.folder / f"{ref.digest}.started-{ref.token}")
+        return marker if marker is not None and marker.get("attempt") == ref.attempt else None
+
+    def started_elsewhere(self, key: str) -> list[dict[str, Any]]:
+        """Return the markers of task ``key`` that earlier runs left."""
+        found = []
+        for path in self.folder.glob(f"{key_digest(key)}.started-*"):
+            marker = _read(path)
+            if marker is not None and marker.get("token") != self.token:
+                found.append(marker)
+        return found
+
+    async def settle(
+        self, key: str, *, env: Mapping[str, str], poll_seconds: float
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Return task ``key``'s result from an earlier run, waiting while it still runs.
+
+        Returns ``(result, lost)``: the result when one is (or becomes) recorded;
+        otherwise the markers of earlier runs whose task is gone without one (its
+        job ended as Slurm says, and no wrapper of it lives on), which the caller
+        relaunches. A marker whose job Slurm cannot be asked about counts as alive.
+        """
+        while True:
+            found = self.result(key)
+            if found is not None:
+                return found, []
+            markers = self.started_elsewhere(key)
+            if not markers:
+                return None, []
+            if not await self._any_alive(markers, env):
+                return self.result(key), ([] if self.result(key) else markers)
+            await asyncio.sleep(poll_seconds)
+
+    async def _any_alive(self, markers: list[dict[str, Any]], env: Mapping[str, str]) -> bool:
+        if any(_supervisor_alive(m) for m in markers):
+            return True
+        jobs = sorted({str(m["job_id"]) for m in markers if m.get("job_id")})
+        if not jobs:
+            return False
+        try:
+            states = await asyncio.to_thread(query_jobs, jobs, env=env)
+        except SlurmQueryFailed:
+            return True  # no answer is not an end
+        return any(state is not None and not state.ended for state in states.values())
+
+
+def jobs_with_open_tasks(folder: str | os.PathLike[str]) -> set[str]:
+    """Return the Slurm jobs the ledger at ``folder`` says run tasks with no result yet."""
+    path = Path(folder)
+    busy = set()
+    for marker_path in path.glob("*.started-*"):
+        marker = _read(marker_path)
+        if marker is None or not marker.get("job_id"):
+            continue
+        digest = marker_path.name.split(".", 1)[0]
+        if not (path / f"{digest}.result").exists():
+            busy.add(str(marker["job_id"]))
+    return busy

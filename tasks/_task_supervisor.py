@@ -1,0 +1,107 @@
+"""Run one executable task on the allocation; leave its result where a continuation reads it.
+
+Started by the worker (``run_executable_blocking`` with a ledger) as
+``python -I -S <this file> FOLDER DIGEST TOKEN ATTEMPT KEY -- ARGV...`` in the task's
+own session, so it outlives the worker: when the campaign's process dies, Dask's
+scheduler dies with it, its workers close at once and a task's executable would
+finish with nobody to hear it. This program waits for it and writes the result.
+
+1. ``FOLDER/fence`` names the executor run that may start tasks; another run's
+   token there means a newer run of the campaign took over: nothing is started
+   (exit ``FENCED``).
+2. ``DIGEST.started-TOKEN`` says the task started: Slurm job, node, host, pid.
+3. The program runs (stdin passed on); its exit code, stdout and stderr's tail go
+   to ``DIGEST.result`` atomically (a temporary name in the same folder, fsync,
+   rename, fsync of the folder), then to this program's own stdout/stderr, and
+   this program ends as the program did.
+
+Standard library only (started with ``-S``): one Python start per task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+#: Exit status of a task refused because a newer run fenced the folder (EX_TEMPFAIL).
+FENCED = 75
+STDERR_TAIL = 2048
+
+
+def write_atomically(folder: str, name: str, data: dict[str, object], *, sync: bool) -> None:
+    """Write ``data`` as JSON to ``folder/name``: temporary name, (fsync,) rename."""
+    final = os.path.join(folder, name)
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as out:
+        json.dump(data, out)
+        if sync:
+            out.flush()
+            os.fsync(out.fileno())
+    os.replace(temporary, final)
+    if sync:
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def fenced_out(folder: str, token: str) -> bool:
+    """True when the folder's fence names another run than ``token``."""
+    try:
+        with open(os.path.join(folder, "fence"), encoding="utf-8") as fence:
+            return fence.read().strip() != token
+    except FileNotFoundError:
+        return False
+
+
+def where() -> dict[str, object]:
+    """Return the Slurm job, node, host and pid of this process."""
+    return {
+        "job_id": os.environ.get("SLURM_JOB_ID") or None,
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Run the task named on the command line; return its exit status."""
+    folder, digest, token, attempt, key = argv[:5]
+    program = argv[6:]  # argv[5] is "--"
+    if fenced_out(folder, token):
+        sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")
+        return FENCED
+    started = time.time()
+    here = where()
+    marker = {"key": key, "token": token, "attempt": int(attempt), "started_at": started, **here}
+    write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # A timeout or a retired worker kills this whole process group: no result then.
+    out, err = child.communicate()
+    result = {
+        **marker,
+        "kind": "exec",
+        "exit_code": child.returncode,
+        "stdout": out.decode("utf-8", errors="replace"),
+        "stderr_tail": err.decode("utf-8", errors="replace")[-STDERR_TAIL:],
+        "runtime": time.time() - started,
+    }
+    write_atomically(folder, f"{digest}.result", result, sync=True)
+    sys.stdout.buffer.write(out)
+    sys.stdout.flush()
+    sys.stderr.buffer.write(err[-STDERR_TAIL * 4 :])
+    sys.stderr.flush()
+    if child.returncode < 0:  # killed by a signal: end the same way
+        signal.signal(-child.returncode, signal.SIG_DFL)
+        os.kill(os.getpid(), -child.returncode)
+    return child.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,167 @@
+"""A login node that dies mid-batch runs no simulation twice and loses none (issue 43).
+
+With dask-jobqueue the scheduler lives in the campaign's flow-run process on the
+login node: when it dies, its workers close at once and the simulations they were
+running finish with nobody to hear them. Each task on the allocation therefore
+leaves a started marker and its result in the campaign's ``task-results`` folder
+(``tasks/_task_ledger.py``), written by a wrapper in the task's own session, and
+the continuation harvests them before it launches anything.
+
+Here a login node runs its own server and runner (``unattended up``, private
+state directory and port), the campaign is submitted, and once the first
+simulation has completed the server and the whole runner tree (or the runner
+tree alone) are SIGKILLed, as a reboot would. ``unattended up`` brings them back;
+the runner continues the campaign to its end. Executions are counted by the
+simulations' own log: each candidate completed exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from private_slurm import SlurmCluster  # type: ignore[import-not-found]
+from test_campaign_on_slurm import (  # type: ignore[import-not-found]
+    assert_every_candidate_once,
+    campaign,
+    database_of,
+    rows,
+    site_file,
+    wait_for,
+)
+
+from flows._prefect._server import load_server_config, running_server
+
+pytestmark = [pytest.mark.integration]
+
+ROUNDS, BATCH, SECONDS = 1, 4, 6.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LoginNode:
+    """A shell on a login node with its own state directory, server port and Slurm."""
+
+    def __init__(self, tmp_path: Path, slurm: SlurmCluster) -> None:
+        self.tmp_path = tmp_path
+        self.home = tmp_path / "home"
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("UNATTENDED_", "PREFECT_", "SLURM_")) and k != "DO_NOT_TRACK"
+        }
+        self.env |= slurm.env | {
+            "UNATTENDED_HOME": str(self.home),
+            "UNATTENDED_SERVER_HOST": "127.0.0.1",
+            "UNATTENDED_SERVER_PORT": str(_free_port()),
+            "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-results"),
+            # A dead run's lease expires in seconds, and the runner looks often.
+            "UNATTENDED_LEASE_TTL_SECONDS": "6",
+            "UNATTENDED_HEARTBEAT_SECONDS": "1",
+            "UNATTENDED_WATCHDOG_SECONDS": "0.5",
+        }
+
+    def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flows._cli", *args],
+            cwd=self.tmp_path,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def pids(self, *, server: bool) -> list[int]:
+        found = []
+        with contextlib.suppress(OSError, ValueError):
+            found.append(int((self.home / "runner.lock").read_text().strip()))
+        if server:
+            handle = running_server(load_server_config(self.env))
+            if handle is not None:
+                found.append(handle.pid)
+        return found
+
+    def kill(self, *, server: bool) -> None:
+        """SIGKILL the runner's tree (and the server's): no clean stop, as in a reboot."""
+        family = []
+        for pid in self.pids(server=server):
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(pid)
+                family += [root, *root.children(recursive=True)]
+        for process in family:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(family, timeout=30)
+
+
+@pytest.fixture
+def login(slurm: SlurmCluster, tmp_path: Path) -> Iterator[LoginNode]:
+    node = LoginNode(tmp_path, slurm)
+    try:
+        yield node
+    finally:
+        node.kill(server=True)
+
+
+def campaign_status(database: Path) -> tuple[Any, ...] | None:
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
+            return connection.execute("SELECT status, error_code FROM campaign").fetchone()
+    except sqlite3.OperationalError:
+        return None
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("death", ["everything", "runner"])
+def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
+    login: LoginNode, slurm: SlurmCluster, tmp_path: Path, death: str
+) -> None:
+    name = f"login-death-{death}"
+    spec, log = campaign(tmp_path, name, rounds=ROUNDS, batch_size=BATCH, seconds=SECONDS)
+    site = site_file(tmp_path, poll_seconds=1.0)
+    up = login.cli("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    submitted = login.cli("submit", str(spec), "--site", str(site))
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    # Mid-batch: one simulation has completed, the next runs on the allocation.
+    wait_for(lambda: log.exists() and log.read_text().strip(), timeout=400)
+    login.kill(server=death == "everything")
+    seen_at_kill = log.read_text().splitlines()
+    back = login.cli("up")
+    assert back.returncode == 0, back.stdout + back.stderr
+    database = database_of(tmp_path, name)
+    wait_for(lambda: campaign_status(database) == ("completed", None), timeout=600)
+
+    # Each candidate completed once by its own log; the provenance has one done result each.
+    assert_every_candidate_once(database, log, rounds=ROUNDS, batch_size=BATCH)
+    ledger = database.parent / "task-results"
+    results = sorted(ledger.glob("*.result"))
+    assert len(results) >= BATCH
+    # What ran on the dead run's job is recorded with that job, and its node.
+    completed_jobs = {line.split()[2] for line in log.read_text().splitlines()}
+    recorded = rows(database, "SELECT job_id, host, status FROM task_result WHERE status = 'done'")
+    assert {job for job, _, _ in recorded} == completed_jobs
+    assert all(host == slurm.host for _, host, _ in recorded)
+    first_job = seen_at_kill[0].split()[2]
+    assert first_job in {job for job, _, _ in recorded}
+    # Harvested results came from the dead run (another token than the last run's fence).
+    fence = (ledger / "fence").read_text()
+    tokens = {json.loads(p.read_text())["token"] for p in results}
+    assert len(tokens) >= 2, (tokens, fence)
+    assert fence in tokens, (tokens, fence)
