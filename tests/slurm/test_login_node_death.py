@@ -42,6 +42,7 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
 )
 
 from flows._prefect._server import load_server_config, running_server
+from tasks._task_ledger import jobs_with_open_tasks
 
 pytestmark = [pytest.mark.integration]
 
@@ -128,11 +129,21 @@ def campaign_status(database: Path) -> tuple[Any, ...] | None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("death", ["everything", "runner"])
+@pytest.mark.parametrize(
+    ("death", "later"),
+    [
+        # `up` at once: the wave the dead run left on the allocation still runs (waited for).
+        ("everything", False),
+        # `up` once that wave has ended (as cron, a minute later): its results are harvested.
+        ("everything", True),
+        ("runner", False),
+    ],
+    ids=["everything-at-once", "everything-later", "runner-at-once"],
+)
 def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
-    login: LoginNode, slurm: SlurmCluster, tmp_path: Path, death: str
+    login: LoginNode, slurm: SlurmCluster, tmp_path: Path, death: str, later: bool
 ) -> None:
-    name = f"login-death-{death}"
+    name = f"login-death-{death}-{int(later)}"
     spec, log = campaign(tmp_path, name, rounds=ROUNDS, batch_size=BATCH, seconds=SECONDS)
     site = site_file(tmp_path, poll_seconds=1.0)
     up = login.cli("up")
@@ -143,6 +154,9 @@ def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
     wait_for(lambda: log.exists() and log.read_text().strip(), timeout=400)
     login.kill(server=death == "everything")
     seen_at_kill = log.read_text().splitlines()
+    ledger = database_of(tmp_path, name).parent / "task-results"
+    if later:  # every task the dead run started has left its result
+        wait_for(lambda: not jobs_with_open_tasks(ledger), timeout=120)
     back = login.cli("up")
     assert back.returncode == 0, back.stdout + back.stderr
     database = database_of(tmp_path, name)
@@ -150,7 +164,6 @@ def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
 
     # Each candidate completed once by its own log; the provenance has one done result each.
     assert_every_candidate_once(database, log, rounds=ROUNDS, batch_size=BATCH)
-    ledger = database.parent / "task-results"
     results = sorted(ledger.glob("*.result"))
     assert len(results) >= BATCH
     # What ran on the dead run's job is recorded with that job, and its node.
