@@ -135,10 +135,11 @@ def _call_recorded(
     if record is None:
         return _call(fn, args, kwargs)
     folder, digest, token, attempt, key = record
-    if fenced_out(folder, token):
-        raise TaskFenced(f"task {key} not started: a newer run of the campaign took over")
     marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
     write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    if fenced_out(folder, token):  # after the marker: see tasks/_task_supervisor.py
+        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+        raise TaskFenced(f"task {key} not started: a newer run of the campaign took over")
     started = time.perf_counter()
     try:
         value = _call(fn, args, kwargs)

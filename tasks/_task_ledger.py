@@ -97,8 +97,9 @@ class TaskLedger:
         return TaskRef(str(self.folder), key_digest(key), self.token, attempt, key)
 
     def result(self, key: str) -> dict[str, Any] | None:
-        """Return the recorded result of task ``key``, or None."""
-        return _read(self.folder / f"{key_digest(key)}.result")
+        """Return the recorded result of task ``key``, or None (also when it was fenced out)."""
+        found = _read(self.folder / f"{key_digest(key)}.result")
+        return None if found is None or found.get("kind") == "fenced" else found
 
     def started(self, key: str, token: str | None = None) -> dict[str, Any] | None:
         """Return where run ``token`` (default: this one) started task ``key``, or None."""
@@ -129,14 +130,16 @@ class TaskLedger:
         relaunches. A marker whose job Slurm cannot be asked about counts as alive.
         """
         while True:
-            found = self.result(key)
-            if found is not None:
-                return found, []
+            recorded = _read(self.folder / f"{key_digest(key)}.result")
+            if recorded is not None:
+                # A task a fence refused never ran: not lost, just not run yet.
+                return (None, []) if recorded.get("kind") == "fenced" else (recorded, [])
             markers = self.started_elsewhere(key)
             if not markers:
                 return None, []
             if not await self._any_alive(markers, env):
-                return self.result(key), ([] if self.result(key) else markers)
+                found = self.result(key)  # written between the two looks
+                return found, ([] if found is not None else markers)
             await asyncio.sleep(poll_seconds)
 
     async def _any_alive(self, markers: list[dict[str, Any]], env: Mapping[str, str]) -> bool:

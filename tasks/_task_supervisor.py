@@ -6,10 +6,10 @@ own session, so it outlives the worker: when the campaign's process dies, Dask's
 scheduler dies with it, its workers close at once and a task's executable would
 finish with nobody to hear it. This program waits for it and writes the result.
 
-1. ``FOLDER/fence`` names the executor run that may start tasks; another run's
-   token there means a newer run of the campaign took over: nothing is started
-   (exit ``FENCED``).
-2. ``DIGEST.started-TOKEN`` says the task started: Slurm job, node, host, pid.
+1. ``DIGEST.started-TOKEN`` says the task started: Slurm job, node, host, pid.
+2. ``FOLDER/fence`` names the executor run that may start tasks; another run's
+   token there means a newer run of the campaign took over: the program is not
+   started, the result says ``fenced`` (exit ``FENCED``).
 3. The program runs (stdin passed on); its exit code, stdout and stderr's tail go
    to ``DIGEST.result`` atomically (a temporary name in the same folder, fsync,
    rename, fsync of the folder), then to this program's own stdout/stderr, and
@@ -74,13 +74,16 @@ def main(argv: list[str]) -> int:
     """Run the task named on the command line; return its exit status."""
     folder, digest, token, attempt, key = argv[:5]
     program = argv[6:]  # argv[5] is "--"
-    if fenced_out(folder, token):
-        sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")
-        return FENCED
     started = time.time()
     here = where()
     marker = {"key": key, "token": token, "attempt": int(attempt), "started_at": started, **here}
+    # The marker first, then the fence: a newer run that fenced after this check sees
+    # the marker and waits; one that fenced before is refused here, and told so.
     write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    if fenced_out(folder, token):
+        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+        sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")
+        return FENCED
     child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # A timeout or a retired worker kills this whole process group: no result then.
     out, err = child.communicate()
