@@ -125,7 +125,7 @@ def _call_recorded(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    record: tuple[str, str, str, int, str] | None,
+    record: tuple[str, str, str, int, str, bool] | None,
 ) -> Any:
     """Call ``fn`` and, with ``record``, report its start and result to the task ledger.
 
@@ -134,9 +134,11 @@ def _call_recorded(
     """
     if record is None:
         return _call(fn, args, kwargs)
-    folder, digest, token, attempt, key = record
+    folder, digest, token, attempt, key, durable = record
     marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
     write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    if not durable:  # only where it ran: no later run looks for its result
+        return _call(fn, args, kwargs)
     if fenced_out(folder, token):  # after the marker: see tasks/_task_supervisor.py
         write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
         raise TaskFenced(f"task {key} not started: a newer run of the campaign took over")
@@ -169,7 +171,7 @@ class TaskFenced(Exception):  # noqa: N818  # names what happened, like the taxo
 
 
 async def remote_call(
-    payload: bytes, offload: bool, record: tuple[str, str, str, int, str] | None = None
+    payload: bytes, offload: bool, record: tuple[str, str, str, int, str, bool] | None = None
 ) -> tuple[str, str | None, float, Any]:
     """Run a cloudpickled call where the engine's backend puts it.
 
@@ -190,9 +192,11 @@ async def remote_call(
     return node_name(), job_id, time.perf_counter() - started, value
 
 
-def _record(ref: TaskRef | None) -> tuple[str, str, str, int, str] | None:
+def _record(ref: TaskRef | None) -> tuple[str, str, str, int, str, bool] | None:
     """Return a ledger reference as the plain tuple shipped to the worker."""
-    return None if ref is None else (ref.folder, ref.digest, ref.token, ref.attempt, ref.key)
+    if ref is None:
+        return None
+    return (ref.folder, ref.digest, ref.token, ref.attempt, ref.key, ref.durable)
 
 
 def dask_key(key: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from tasks import _child_watcher
 from tasks._results import STDERR_TAIL_CHARS, ExecutableTask
+from tasks._task_supervisor import where, write_atomically
 
 
 def node_name() -> str:
@@ -231,20 +232,26 @@ def run_executable_blocking(
     cwd: str | None,
     time_limit: float | None,
     grace: float,
-    record: tuple[str, str, str, int, str] | None = None,
+    record: tuple[str, str, str, int, str, bool] | None = None,
 ) -> ExecOutcome:
     """Run an executable from a worker thread or a Dask worker, same contract as above.
 
-    With ``record`` (a ``TaskRef``'s folder, digest, token, attempt and key) the program
-    runs under ``tasks/_task_supervisor.py``, in the same session, which writes its
-    started marker and its result to the campaign's ``task-results`` folder and
-    outlives this worker (``tasks._task_ledger``).
+    With a durable ``record`` (a ``TaskRef``'s folder, digest, token, attempt, key)
+    the program runs under ``tasks/_task_supervisor.py``, in the same session, which
+    writes its started marker and its result to the campaign's ``task-results``
+    folder and outlives this worker (``tasks._task_ledger``); otherwise only the
+    marker is written, here.
     """
     started = time.perf_counter()
     if record is not None:
-        folder, digest, token, attempt, key = record
-        argv = [sys.executable, "-I", "-S", SUPERVISOR, folder, digest, token, str(attempt),
-                key, "--", *argv]  # fmt: skip
+        folder, digest, token, attempt, key, durable = record
+        if durable:
+            argv = [sys.executable, "-I", "-S", SUPERVISOR, folder, digest, token,
+                    str(attempt), key, "--", *argv]  # fmt: skip
+        else:  # only where it ran, written here: no Python started for it
+            marker = {"key": key, "token": token, "attempt": attempt,
+                      "started_at": time.time(), **where()}  # fmt: skip
+            write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
     with _SPAWN_LOCK:
         if _refusing:
             # As if started and killed at once, like the executables running here.

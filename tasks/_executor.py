@@ -485,7 +485,9 @@ class AllocationExecutor:
                     if outcome.transient and outcome.status != "done" and attempt <= retries:
                         outcome, attempt = None, attempt + 1  # retried from where it was
             while outcome is None:
-                ref = ledger.ref(durable or key, attempt) if ledger is not None else None
+                ref = None
+                if ledger is not None:
+                    ref = ledger.ref(durable or key, attempt, durable=durable is not None)
                 outcome = await self._attempt(task, f"{key}#{attempt}", timeout, ref)
                 if outcome.status == "done" or not outcome.transient or attempt > retries:
                     break

@@ -49,6 +49,8 @@ class TaskRef:
     token: str
     attempt: int
     key: str = ""
+    #: Whether the result is kept for a continuation (a durable key), or only the marker.
+    durable: bool = True
 
 
 def key_digest(key: str) -> str:
@@ -92,9 +94,13 @@ class TaskLedger:
             os.fsync(out.fileno())
         os.replace(temporary, self.folder / "fence")
 
-    def ref(self, key: str, attempt: int) -> TaskRef:
-        """Return what the wrapper of attempt ``attempt`` of task ``key`` reports with."""
-        return TaskRef(str(self.folder), key_digest(key), self.token, attempt, key)
+    def ref(self, key: str, attempt: int, *, durable: bool = True) -> TaskRef:
+        """Return what the wrapper of attempt ``attempt`` of task ``key`` reports with.
+
+        A task whose key is not ``durable`` (no later run would find it) leaves only its
+        started marker: where it ran, for the record of an interruption.
+        """
+        return TaskRef(str(self.folder), key_digest(key), self.token, attempt, key, durable)
 
     def result(self, key: str) -> dict[str, Any] | None:
         """Return the recorded result of task ``key``, or None (also when it was fenced out)."""
