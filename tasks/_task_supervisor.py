@@ -12,7 +12,7 @@ finish with nobody to hear it. This program waits for it and writes the result.
    started, the result says ``fenced`` (exit ``FENCED``).
 3. The program runs (stdin passed on); its exit code, stdout and stderr's tail go
    to ``DIGEST.result`` atomically (a temporary name in the same folder, fsync,
-   rename, fsync of the folder), then to this program's own stdout/stderr, and
+   rename), then to this program's own stdout/stderr, and
    this program ends as the program did.
 
 Standard library only (started with ``-S``): one Python start per task.
@@ -42,13 +42,9 @@ def write_atomically(folder: str, name: str, data: dict[str, object], *, sync: b
         if sync:
             out.flush()
             os.fsync(out.fileno())
+    # The rename is atomic; the folder is not fsync'd: what must survive is the death
+    # of the campaign's process, and a result's content is on disk before its name.
     os.replace(temporary, final)
-    if sync:
-        directory = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
 
 
 def fenced_out(folder: str, token: str) -> bool:
