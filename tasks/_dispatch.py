@@ -136,7 +136,7 @@ def _call_recorded(
         return _call(fn, args, kwargs)
     folder, digest, token, attempt, key, durable = record
     marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
-    write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    write_atomically(folder, f"{digest}.started", marker, sync=False)
     if not durable:  # only where it ran: no later run looks for its result
         return _call(fn, args, kwargs)
     if fenced_out(folder, token):  # after the marker: see tasks/_task_supervisor.py

@@ -251,7 +251,7 @@ def run_executable_blocking(
         else:  # only where it ran, written here: no Python started for it
             marker = {"key": key, "token": token, "attempt": attempt,
                       "started_at": time.time(), **where()}  # fmt: skip
-            write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+            write_atomically(folder, f"{digest}.started", marker, sync=False)
     with _SPAWN_LOCK:
         if _refusing:
             # As if started and killed at once, like the executables running here.

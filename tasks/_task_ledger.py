@@ -7,8 +7,9 @@ nobody to hear them. So every task on the allocation reports to a folder under t
 campaign directory (``task-results/``), which the next run reads before it launches
 anything:
 
-* ``<digest>.started-<token>``: the task started, in which Slurm job, on which node
-  and host, as which pid (``token`` names the executor run that launched it);
+* ``<digest>.started``: the task started: which executor run (``token``) and
+  attempt, in which Slurm job, on which node and host, as which pid (the last
+  run's: a run reads it before it launches the task again);
 * ``<digest>.result``: what it produced, written atomically (temporary name in the
   same folder, fsync, rename) by the task's wrapper on the worker; for an
   executable, a supervisor process in the task's own session
@@ -107,23 +108,20 @@ class TaskLedger:
         found = _read(self.folder / f"{key_digest(key)}.result")
         return None if found is None or found.get("kind") == "fenced" else found
 
-    def started(self, key: str, token: str | None = None) -> dict[str, Any] | None:
-        """Return where run ``token`` (default: this one) started task ``key``, or None."""
-        return _read(self.folder / f"{key_digest(key)}.started-{token or self.token}")
+    def _marker(self, digest: str) -> dict[str, Any] | None:
+        return _read(self.folder / f"{digest}.started")
 
     def started_by(self, ref: TaskRef) -> dict[str, Any] | None:
         """Return the marker of the attempt ``ref`` names, or None if it never started."""
-        marker = _read(self.folder / f"{ref.digest}.started-{ref.token}")
-        return marker if marker is not None and marker.get("attempt") == ref.attempt else None
+        marker = self._marker(ref.digest)
+        if marker is None or marker.get("token") != ref.token:
+            return None
+        return marker if marker.get("attempt") == ref.attempt else None
 
     def started_elsewhere(self, key: str) -> list[dict[str, Any]]:
-        """Return the markers of task ``key`` that earlier runs left."""
-        found = []
-        for path in self.folder.glob(f"{key_digest(key)}.started-*"):
-            marker = _read(path)
-            if marker is not None and marker.get("token") != self.token:
-                found.append(marker)
-        return found
+        """Return the marker an earlier run left for task ``key`` (none, or one)."""
+        marker = self._marker(key_digest(key))
+        return [] if marker is None or marker.get("token") == self.token else [marker]
 
     async def settle(
         self, key: str, *, env: Mapping[str, str], poll_seconds: float
@@ -165,7 +163,7 @@ def jobs_with_open_tasks(folder: str | os.PathLike[str]) -> set[str]:
     """Return the Slurm jobs the ledger at ``folder`` says run tasks with no result yet."""
     path = Path(folder)
     busy = set()
-    for marker_path in path.glob("*.started-*"):
+    for marker_path in path.glob("*.started"):
         marker = _read(marker_path)
         if marker is None or not marker.get("job_id"):
             continue

@@ -6,7 +6,7 @@ own session, so it outlives the worker: when the campaign's process dies, Dask's
 scheduler dies with it, its workers close at once and a task's executable would
 finish with nobody to hear it. This program waits for it and writes the result.
 
-1. ``DIGEST.started-TOKEN`` says the task started: Slurm job, node, host, pid.
+1. ``DIGEST.started`` says the task started: run, attempt, Slurm job, node, host, pid.
 2. ``FOLDER/fence`` names the executor run that may start tasks; another run's
    token there means a newer run of the campaign took over: the program is not
    started, the result says ``fenced`` (exit ``FENCED``).
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     marker = {"key": key, "token": token, "attempt": int(attempt), "started_at": started, **here}
     # The marker first, then the fence: a newer run that fenced after this check sees
     # the marker and waits; one that fenced before is refused here, and told so.
-    write_atomically(folder, f"{digest}.started-{token}", marker, sync=False)
+    write_atomically(folder, f"{digest}.started", marker, sync=False)
     if fenced_out(folder, token):
         write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
         sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")

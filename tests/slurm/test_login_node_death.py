@@ -137,8 +137,11 @@ def campaign_status(database: Path) -> tuple[Any, ...] | None:
         # `up` once that wave has ended (as cron, a minute later): its results are harvested.
         ("everything", True),
         ("runner", False),
+        # The allocation dies too: its job cancelled, the running wrappers killed (as a
+        # cgroup would at the job's end). That work is lost: run again, once, and said so.
+        ("allocation", False),
     ],
-    ids=["everything-at-once", "everything-later", "runner-at-once"],
+    ids=["everything-at-once", "everything-later", "runner-at-once", "allocation-too"],
 )
 def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
     login: LoginNode, slurm: SlurmCluster, tmp_path: Path, death: str, later: bool
@@ -152,9 +155,21 @@ def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     # Mid-batch: one simulation has completed, the next runs on the allocation.
     wait_for(lambda: log.exists() and log.read_text().strip(), timeout=400)
-    login.kill(server=death == "everything")
+    login.kill(server=death != "runner")
     seen_at_kill = log.read_text().splitlines()
     ledger = database_of(tmp_path, name).parent / "task-results"
+    lost: set[str] = set()
+    if death == "allocation":
+        for path in ledger.glob("*.started"):
+            marker = json.loads(path.read_text())
+            if (
+                str(marker["key"]).startswith(f"{name}/")
+                and not (ledger / f"{path.name.split('.')[0]}.result").exists()
+            ):
+                lost.add(str(marker["key"]))
+                with contextlib.suppress(psutil.Error):  # the wrapper and its simulation
+                    os.killpg(int(marker["pid"]), signal.SIGKILL)
+                slurm.run(["scancel", str(marker["job_id"])], check=False)
     if later:  # every task the dead run started has left its result
         wait_for(lambda: not jobs_with_open_tasks(ledger), timeout=120)
     back = login.cli("up")
@@ -174,6 +189,16 @@ def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
     first_job = seen_at_kill[0].split()[2]
     assert first_job in {job for job, _, _ in recorded}
     # Harvested results came from the dead run (another token than the last run's fence).
+    # Lost work ran again once, and its result says what was lost, where.
+    retried = [
+        json.loads(text)
+        for (text,) in rows(database, "SELECT retries FROM task_result WHERE status = 'done'")
+        if text and json.loads(text)
+    ]
+    lost_records = [r for rs in retried for r in rs if r["reason"].startswith("lost:")]
+    assert len(lost_records) == len(lost), (lost, retried)
+    if death == "allocation":
+        assert lost, "no task was running when the allocation died"
     fence = (ledger / "fence").read_text()
     tokens = {json.loads(p.read_text())["token"] for p in results}
     assert len(tokens) >= 2, (tokens, fence)

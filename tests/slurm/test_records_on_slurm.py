@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration]
 def started_jobs(ledger: Path, campaign: str) -> dict[str, dict[str, object]]:
     """Return the started markers of the campaign's simulations by job id (no verifier's)."""
     found = {}
-    for path in ledger.glob("*.started-*"):
+    for path in ledger.glob("*.started"):
         try:
             marker = json.loads(path.read_text())
         except (OSError, ValueError):
