@@ -116,6 +116,21 @@ def unattended(env: dict[str, str], *args: str, cwd: Path, timeout: float) -> An
     )
 
 
+def start_direct(slurm: SlurmCluster, tmp_path: Path, spec: Path, site: Path) -> Any:
+    """Start the campaign in its own process (``flows._cli._direct``), output to run.out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
+    env |= slurm.env
+    argv = [sys.executable, "-m", "flows._cli._direct", str(spec), "--site", str(site)]
+    with (tmp_path / "run.out").open("w") as out:
+        return subprocess.Popen(
+            [*argv, "--state-dir", str(tmp_path / "home")],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
 def rows(database: Path, query: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(database) as connection:
         return connection.execute(query).fetchall()

@@ -13,9 +13,6 @@ Every completion is counted by the simulation's own log.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +24,7 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
     database_of,
     rows,
     site_file,
+    start_direct,
     wait_for,
 )
 
@@ -43,17 +41,7 @@ def test_a_controller_down_for_a_minute_kills_nothing_and_takes_no_allocation(
     name = "ctld-outage"
     spec, log = campaign(tmp_path, name, rounds=1, batch_size=4, seconds=20.0)
     site = site_file(tmp_path, max_allocations=1, poll_seconds=1.0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
-    env |= slurm.env
-    argv = [sys.executable, "-m", "flows._cli._direct", str(spec), "--site", str(site)]
-    with (tmp_path / "run.out").open("w") as out:
-        run = subprocess.Popen(
-            [*argv, "--state-dir", str(tmp_path / "home")],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    run = start_direct(slurm, tmp_path, spec, site)
     stopped_at = restarted_at = 0.0
     try:
         # The first simulation completed: the batch is mid-way on the allocation.

@@ -22,16 +22,15 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 from private_slurm import SlurmCluster  # type: ignore[import-not-found]
+from test_budget_on_slurm import _campaign_status as campaign_status  # type: ignore[import-not-found]
 from test_campaign_on_slurm import (  # type: ignore[import-not-found]
     assert_every_candidate_once,
     campaign,
@@ -118,14 +117,6 @@ def login(slurm: SlurmCluster, tmp_path: Path) -> Iterator[LoginNode]:
         yield node
     finally:
         node.kill(server=True)
-
-
-def campaign_status(database: Path) -> tuple[Any, ...] | None:
-    try:
-        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
-            return connection.execute("SELECT status, error_code FROM campaign").fetchone()
-    except sqlite3.OperationalError:
-        return None
 
 
 @pytest.mark.timeout(900)

@@ -13,9 +13,6 @@ not recorded ``completed``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
     database_of,
     rows,
     site_file,
+    start_direct,
 )
 
 pytestmark = [pytest.mark.integration]
@@ -51,16 +49,9 @@ def test_interrupted_tasks_are_credited_to_their_own_job_and_an_empty_round_is_n
     name = "credit"
     spec, log = campaign(tmp_path, name, rounds=1, batch_size=2, seconds=120.0)
     site = site_file(tmp_path, max_allocations=3, poll_seconds=1.0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
-    env |= slurm.env
-    argv = [sys.executable, "-m", "flows._cli._direct", str(spec), "--site", str(site)]
     ledger = tmp_path / "home" / "campaigns" / name / "task-results"
     cancelled: list[str] = []
-    with (tmp_path / "run.out").open("w") as out:
-        run = subprocess.Popen(
-            [*argv, "--state-dir", str(tmp_path / "home")],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    run = start_direct(slurm, tmp_path, spec, site)
     try:
         deadline = time.monotonic() + 400
         while len(cancelled) < 3 and run.poll() is None:
