@@ -19,6 +19,9 @@ Measured here (2 cores shared with other work, load 4-5, Slurm 22.05, one 1-core
 per-task 6.1 ms vs 4.4 ms raw = 1.40x at max_concurrency 16 (slurm-local's), 8.6 vs
 5.6 ms = 1.53x at 256; sbatch -> first task 2.1-3.2 s (the worker's start); an
 allocation's end -> noticed 0.8-1.4 s (squeue every 2 s) -> next first task 4.3-4.5 s.
+With the task ledger (issue 43), --overhead-only, load 12-15: 1.19x median after against
+1.27x before (runs of one code spread +-25 % at that load); a simulation batch's durable
+tasks 11.7 ms vs raw 7.7 ms (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
