@@ -50,6 +50,7 @@ from flows._provenance import (
 from flows._settings import Settings
 from flows._spec import LoadedSpec
 from policies import (
+    CODES,
     ApprovalRejected,
     ApprovalTimeout,
     BatchSummary,
@@ -67,7 +68,14 @@ from policies import (
     classify,
     proposal_key,
 )
-from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
+from tasks import (
+    Bounds,
+    FallbackBatch,
+    Proposal,
+    fallback_batch,
+    objective_value,
+    planner_checks,
+)
 
 log = logging.getLogger("unattended.campaign")
 tracer = trace.get_tracer("unattended.flows")
@@ -253,6 +261,19 @@ class CampaignEngine:
                 self.store.set_campaign_status(self.name, "failed", classify(exc).code)
                 self.hooks.on_event("failed", {"round": index, "code": classify(exc).code})
                 raise
+        if self.counters.tasks_done == 0 and spec.rounds > 0:
+            # Every round ran and no simulation gave a value: that is no success.
+            code = self.counters.last_failure_code or "task_failed"
+            code = code if code in CODES else "task_failed"
+            self.store.set_campaign_status(self.name, "failed", code, round_index=spec.rounds - 1)
+            self.hooks.on_event("failed", {"round": spec.rounds - 1, "code": code})
+            return CampaignResult(
+                "failed",
+                code,
+                spec.rounds,
+                f"all {spec.rounds} round(s) ran but no simulation produced a value the "
+                f"objective reads; the last batch's tasks failed with {code}",
+            )
         self.store.set_campaign_status(self.name, "completed", None)
         self.hooks.on_event("completed", {"rounds": spec.rounds})
         return CampaignResult("completed", None, spec.rounds, "all rounds completed")
@@ -797,15 +818,15 @@ class CampaignEngine:
         points: list[list[float]] = []
         values: list[float] = []
         for result in results:
-            value = result.value.get("value") if isinstance(result.value, dict) else result.value
-            if result.status == "done" and isinstance(value, int | float):
+            value = objective_value(result.value)
+            if result.status == "done" and value is not None:
                 points.append(launch.candidates[result.index])
-                values.append(float(value))
+                values.append(value)
         if points:
             self.surrogate.assimilate(points, values)
         self.counters.after_batch(launch.disposition, launch.node_hours)
-        failed = sum(1 for r in results if r.status != "done")
-        self.counters.failed_last_batch = failed
+        self.counters.after_results((r.status, getattr(r, "error_code", None)) for r in results)
+        failed = self.counters.failed_last_batch
         with failpoint_in_commit(self.store, "checkpoint_commit"):
             self.store.checkpoint_round(
                 self.name,
