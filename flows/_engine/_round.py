@@ -35,10 +35,11 @@ from flows._engine._campaign_state import (
     build_surrogate,
     derive_seed,
 )
-from flows._engine._candidates import CandidateLedger, candidate_predictions, oversee
+from flows._engine._candidates import CandidateLedger, candidate_predictions
 from flows._engine._counters import Counters
 from flows._engine._failpoints import failpoint, failpoint_in_commit
 from flows._engine._proof import ApproverCodes
+from flows._engine._round_context import RoundFacts, judge_call, round_context
 from flows._engine._store import CampaignStore, SimulationResult
 from flows._provenance import (
     ApprovalRow,
@@ -53,7 +54,6 @@ from policies import (
     CODES,
     ApprovalRejected,
     ApprovalTimeout,
-    BatchSummary,
     Block,
     BudgetExceeded,
     Continue,
@@ -66,7 +66,6 @@ from policies import (
     Suspend,
     UnattendedError,
     classify,
-    proposal_key,
 )
 from tasks import (
     Bounds,
@@ -325,8 +324,7 @@ class CampaignEngine:
                 # verified.
                 self.counters.verifier_hours += self._verifier_hours(outcome)
                 launch = self._launch_of(outcome)
-                ledger = self._oversee(index, call_index, outcome, launch, fallback)
-                decision = self._decide(index, call_index, launch)
+                ledger, decision = self._judge(index, call_index, outcome, launch, fallback)
                 seq += 1
                 self._check_recorded(index, seq, decision)
                 fates, stop = self._apply(index, call_index, decision, ledger, launch, fallback)
@@ -460,36 +458,49 @@ class CampaignEngine:
         rationale = getattr(outcome.value, "rationale", "") or ""
         return _Launch(candidates, outcome.disposition, hours, rationale=str(rationale))
 
-    def _oversee(
+    def _judge(
         self,
         index: int,
         call_index: int,
         outcome: Outcome[Proposal],
         launch: _Launch,
         fallback: FallbackBatch,
-    ) -> CandidateLedger:
-        """Drop the candidates the policy's candidate rules refuse (topping up if it says so).
+    ) -> tuple[CandidateLedger, Decision]:
+        """Judge the call's batch (candidate rules, then the round's rules); thin ``launch``.
 
-        The refusals are recorded with the decision, or here if nothing is left to decide on.
+        The one judgement ``replay`` makes too (``judge_call``). Refusals are recorded with
+        the decision, or here if the candidate rules left nothing to decide on.
         """
         predictions = candidate_predictions(outcome.attempts, len(launch.candidates))
         if launch.disposition != "accepted":
             predictions = [None] * len(launch.candidates)  # the fallback was never verified
-        context = self._context(index, call_index, launch)
-        ledger = oversee(self.policy, context, launch.candidates, predictions, fallback.candidates)
-        launch.candidates = ledger.planned()
-        launch.predictions = [
-            predictions[i] if source == "proposal" else None
-            for source, i in ledger.planned_origins()
-        ]
+        facts = RoundFacts(
+            campaign=self.name,
+            spec=self.loaded.spec,
+            counters=self.counters,
+            node_hours_per_simulation=self.node_hours_per_simulation,
+            walltime_remaining=self._walltime_remaining(),
+            can_suspend=self.hooks.suspend is not None,
+        )
+        disposition = launch.disposition
+
+        def context_for(candidates: Sequence[Sequence[float]]) -> RoundContext:
+            return round_context(facts, index, call_index, candidates, disposition)
+
+        judged = judge_call(
+            self.policy, context_for, launch.candidates, predictions, fallback.candidates
+        )
+        launch.candidates = judged.candidates
+        launch.predictions = judged.predictions
         launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
-        if not launch.candidates:
-            self.store.record_candidate_fates(self.name, index, call_index, ledger.refused())
+        if judged.decision is None:
+            fates = judged.ledger.refused()
+            self.store.record_candidate_fates(self.name, index, call_index, fates)
             raise PolicyDenied(
                 f"round {index}: the policy refused every candidate",
                 details={"round": index, "call_index": call_index},
             )
-        return ledger
+        return judged.ledger, judged.decision
 
     def _apply(
         self,
@@ -560,33 +571,6 @@ class CampaignEngine:
 
     def _skip(self, index: int, call_index: int, ledger: CandidateLedger, reason: str) -> None:
         self.store.record_candidate_fates(self.name, index, call_index, ledger.skip(reason))
-
-    def _decide(self, index: int, call_index: int, launch: _Launch) -> Decision:
-        return self.policy.evaluate(self._context(index, call_index, launch))
-
-    def _context(self, index: int, call_index: int, launch: _Launch) -> RoundContext:
-        spec = self.loaded.spec
-        fallbacks = self.counters.fallbacks_with(launch.disposition)
-        return RoundContext(
-            campaign=self.name,
-            round_index=index,
-            attempt=call_index,
-            batch=BatchSummary(
-                size=len(launch.candidates),
-                candidates=launch.candidates,
-                node_hours=launch.node_hours,
-            ),
-            proposal_key=proposal_key(launch.candidates),
-            disposition=launch.disposition,  # type: ignore[arg-type]  # "accepted" | "fallback"
-            consecutive_fallbacks=fallbacks,
-            budget_spent=self.counters.spent,
-            budget_remaining=spec.budget_node_hours - self.counters.spent,
-            walltime_remaining=self._walltime_remaining(),
-            earlier_decisions=tuple(self.counters.decisions),
-            can_suspend=self.hooks.suspend is not None,
-            failed_last_batch=self.counters.failed_last_batch,
-            default_approvers=tuple(spec.approvals.approvers),
-        )
 
     def _walltime_remaining(self) -> float | None:
         """Return seconds left in the allocation: the executor's jobs, else the environment's."""
