@@ -16,12 +16,24 @@ planners (``unattended replay`` runs without them).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flows._engine._candidates import CandidateLedger, oversee
 from flows._engine._counters import Counters
 from flows._spec import CampaignSpec
 from policies import BatchSummary, Decision, Policy, RoundContext, proposal_key
+
+
+@dataclass
+class PlannedBatch:
+    """The batch a gate call plans to launch, as the policy and an approver shape it."""
+
+    candidates: list[list[float]]
+    disposition: str
+    node_hours: float
+    struck_by: str | None = None  # the approver who kept only part of the batch
+    rationale: str = ""  # the planner's, shown on an approval form
+    predictions: list[float | None] = field(default_factory=list)  # per candidate, verifier's
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from flows._engine._failpoints import after_call, failpoint
-from flows._engine._round import (
-    VERIFIER_CHECK,
-    OnResult,
-    ProposalCheck,
-    ProposalScore,
-    RunBatch,
-)
+from flows._engine._gate_replay import VERIFIER_CHECK, ProposalCheck, ProposalScore
+from flows._engine._round import OnResult, RunBatch
 from flows._engine._store import CampaignStore, SimulationResult
 from flows._paths import python_argv
 from flows._provenance._rows import PREDICTION_SCORE
