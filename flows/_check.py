@@ -6,11 +6,14 @@ campaign with none must say so: ``allow_no_rules = true``; a rule that asks for
 approval must name who may give it), the site config (no ``<PLACEHOLDER>`` left,
 its backend's package installed, no task longer than its allocation's
 walltime by its cost model), the simulation's program (found, a regular file,
-executable), the round-0 fallback batch and, when it is cheap and local, one run
-of the simulation on that batch's first candidate (``bad_output`` or
-``task_failed`` refuses it). Every problem found is
+executable) and the round-0 fallback batch. Every problem found is
 returned, each naming the file and the dotted field; :func:`require_valid` raises
 one error listing them all.
+
+When everything else passes and it is cheap and local (or asked for), the
+simulation runs once on that fallback batch's first candidate
+(``flows._engine._check_run``): a run a batch would record as ``bad_output`` or
+``task_failed`` is refused, naming the simulation and the code.
 
 Relative paths in a spec (the site, the policy, the transcript, the simulation's
 program) resolve against the spec's folder, whatever the current directory is: the
@@ -30,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows._engine._campaign_state import build_surrogate, derive_seed
-from flows._engine._simulation import check_run, simulation_argv
+from flows._engine._check_run import check_run
+from flows._engine._simulation import simulation_argv
 from flows._paths import absolute, file_problem
 from flows._settings import Settings
 from flows._spec import LoadedSpec, Problem, is_site_path, problems_error, read_campaign
@@ -96,12 +100,11 @@ def check_campaign(
         rules = _rules(loaded, problems)
         _simulation(loaded, environment, problems)
         _fallback(loaded, problems)
+        if not (problems or site_problems) and site_config is not None:
+            # Last: only a campaign that passed everything else gets its program run.
+            _simulation_runs(loaded, site_config, environment, run_simulation, problems)
     if problems or site_problems or loaded is None or site_config is None or location is None:
         return CheckReport(None, problems + site_problems, site_only=not problems)
-    # Last: only a campaign that passed everything else gets its program run.
-    _simulation_runs(loaded, site_config, environment, run_simulation, problems)
-    if problems:
-        return CheckReport(None, problems)
     return CheckReport(CheckedCampaign(loaded, site_config, location, rules), [])
 
 

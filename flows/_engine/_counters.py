@@ -36,8 +36,11 @@ class Counters:
     # The most frequent failure code of the last batch (None: nothing failed).
     last_failure_code: str | None = None
 
-    def after_results(self, statuses: Iterable[tuple[str, str | None]]) -> None:
-        """Count a batch's results, given as ``(status, error_code)`` pairs."""
+    def count_results(self, statuses: Iterable[tuple[str, str | None]]) -> None:
+        """Count a batch's done tasks and its most frequent failure code.
+
+        ``statuses`` are the results' ``(status, error_code)`` pairs.
+        """
         codes: dict[str, int] = {}
         done = 0
         for status, code in statuses:
@@ -46,7 +49,6 @@ class Counters:
             else:
                 key = code or status
                 codes[key] = codes.get(key, 0) + 1
-        self.failed_last_batch = sum(codes.values())
         self.last_failure_code = max(sorted(codes), key=codes.__getitem__) if codes else None
         if self.tasks_done is not None:
             self.tasks_done += done

@@ -456,9 +456,10 @@ class CampaignEngine:
                 values.append(value)
         if points:
             self.surrogate.assimilate(points, values)
+        self.counters.count_results((r.status, getattr(r, "error_code", None)) for r in results)
         self.counters.after_batch(launch.disposition, launch.node_hours)
-        self.counters.after_results((r.status, getattr(r, "error_code", None)) for r in results)
-        failed = self.counters.failed_last_batch
+        failed = sum(1 for r in results if r.status != "done")
+        self.counters.failed_last_batch = failed
         with failpoint_in_commit(self.store, "checkpoint_commit"):
             self.store.checkpoint_round(
                 self.name,
