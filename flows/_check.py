@@ -11,6 +11,11 @@ executable) and the round-0 fallback batch. Every problem found is
 returned, each naming the file and the dotted field; :func:`require_valid` raises
 one error listing them all.
 
+When everything else passes and it is cheap and local (or asked for), the
+simulation runs once on that fallback batch's first candidate
+(``flows._engine._check_run``): a run a batch would record as ``bad_output`` or
+``task_failed`` is refused, naming the simulation and the code.
+
 Relative paths in a spec (the site, the policy, the transcript, the simulation's
 program) resolve against the spec's folder, whatever the current directory is: the
 runner that executes the campaign runs elsewhere. Messages show the path as
@@ -29,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows._engine._campaign_state import build_surrogate, derive_seed
+from flows._engine._check_run import check_run
 from flows._engine._simulation import simulation_argv
 from flows._paths import absolute, file_problem
+from flows._settings import Settings
 from flows._spec import LoadedSpec, Problem, is_site_path, problems_error, read_campaign
 from policies import (
     FallbackUnavailable,
@@ -70,7 +77,11 @@ class CheckReport:
 
 
 def check_campaign(
-    spec_path: str | Path, site: str | None = None, env: Mapping[str, str] | None = None
+    spec_path: str | Path,
+    site: str | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    run_simulation: bool | None = None,
 ) -> CheckReport:
     """Check a campaign as ``submit`` would, without a server; return every problem found.
 
@@ -79,6 +90,8 @@ def check_campaign(
         site: The ``--site`` option (a name or a path), overriding the spec's ``site``.
         env: Variables for the site's ``${VAR}`` and the simulation's ``PATH``;
             ``None`` means ``os.environ``.
+        run_simulation: Run the simulation once on the first fallback candidate
+            (True), or not (False); None follows the ``check_simulation`` setting.
     """
     environment = os.environ if env is None else env
     loaded, problems = read_campaign(spec_path)
@@ -96,21 +109,36 @@ def check_campaign(
         rules = _rules(loaded, problems)
         _simulation(loaded, environment, problems)
         _fallback(loaded, problems)
+        if not (problems or site_problems) and site_config is not None:
+            # Last: only a campaign that passed everything else gets its program run.
+            _simulation_runs(loaded, site_config, environment, run_simulation, problems)
     if problems or site_problems or loaded is None or site_config is None or location is None:
         return CheckReport(None, problems + site_problems, site_only=not problems)
     return CheckReport(CheckedCampaign(loaded, site_config, location, rules), [])
 
 
 def require_valid(
-    spec_path: str | Path, site: str | None = None, env: Mapping[str, str] | None = None
+    spec_path: str | Path,
+    site: str | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    run_simulation: bool | None = None,
 ) -> CheckedCampaign:
     """Return the checked campaign, or raise one error listing every problem.
 
+    ``submit`` and ``run`` call this on every submission (a resubmission too), so
+    by default they do not run the simulation: only ``check_simulation = "always"``
+    (or ``run_simulation=True``) makes them. A bad output still fails its tasks.
+
     Raises:
         SiteInvalid: Only the site config is wrong.
-        SpecInvalid: Anything else is (the spec, a file it names, the simulation).
+        SpecInvalid: Anything else is (the spec, a file it names, the simulation), or
+            a bad ``UNATTENDED_*`` variable.
     """
-    report = check_campaign(spec_path, site, env)
+    if run_simulation is None:
+        environment = os.environ if env is None else env
+        run_simulation = Settings.from_env(environment).check_simulation == "always"
+    report = check_campaign(spec_path, site, env, run_simulation=run_simulation)
     if report.checked is not None:
         return report.checked
     raise problems_error(report.problems, SiteInvalid if report.site_only else SpecInvalid)
@@ -384,6 +412,42 @@ def _simulation(loaded: LoadedSpec, env: Mapping[str, str], problems: list[Probl
         problems.append(Problem.at(source, field, f"{shown}: {why}"))
     elif not os.access(path, os.X_OK):
         problems.append(Problem.at(source, field, f"{shown}: is not executable"))
+
+
+def _simulation_runs(
+    loaded: LoadedSpec,
+    site: SiteConfig,
+    env: Mapping[str, str],
+    run_simulation: bool | None,
+    problems: list[Problem],
+) -> None:
+    """Run the simulation once on round 0's first fallback candidate, when it should.
+
+    ``run_simulation`` (the ``--run-simulation`` option) wins; else the
+    ``check_simulation`` setting: ``auto`` runs it when the site runs its tasks on
+    this machine (no scheduler) and its cost model says one simulation takes at
+    most ``check_simulation_seconds``, so a login node never runs a heavy one.
+    """
+    try:
+        settings = Settings.from_env(env)
+    except SpecInvalid as exc:
+        problems.append(Problem.at("environment", exc.details.get("field"), exc.message))
+        return
+    seconds = settings.check_simulation_seconds
+    if run_simulation is None:
+        mode = settings.check_simulation
+        cheap = site.scheduler.system == "none" and site.batch_seconds(1) <= seconds
+        run_simulation = mode == "always" or (mode == "auto" and cheap)
+    if not run_simulation:
+        return
+    spec = loaded.spec
+    bounds = Bounds(lower=tuple(spec.objective.lower), upper=tuple(spec.objective.upper))
+    first = fallback_batch(
+        build_surrogate(), bounds, spec.batch_size, derive_seed(spec.seed, 0, 1)
+    ).candidates[0]
+    why = check_run(loaded, first, seconds)
+    if why is not None:
+        problems.append(Problem.at(str(loaded.path), "objective.simulation", why))
 
 
 def _fallback(loaded: LoadedSpec, problems: list[Problem]) -> None:

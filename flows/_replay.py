@@ -1,10 +1,15 @@
 """Replay a changed policy against a finished campaign's recorded rounds, running nothing.
 
-Each recorded gate call's :class:`policies.RoundContext` is rebuilt as
-``flows._engine._round.CampaignEngine._decide`` builds it live (the accepted batch or the
-recorded fallback; budget spent, consecutive fallbacks and earlier decisions
-carried forward as ``_assimilate`` advances them, from the *new* policy's
-decisions), and judged by the new policy from an empty state. What the record
+Each recorded gate call is judged by the new policy (from an empty state) with the
+engine's own judgement, ``flows._engine._round_context.judge_call``: its candidate
+rules on each candidate (with the verifier's prediction recorded on the accepted
+attempt), thinning and top-ups from the recorded fallback, then the round's rules
+on the batch left, in the :class:`policies.RoundContext` that ``round_context``
+builds live (the accepted batch or the recorded fallback; budget spent,
+consecutive fallbacks and earlier decisions carried forward as ``_assimilate``
+advances them, from the *new* policy's decisions; the failed tasks of the last
+batch as the record counted them). Candidates the new policy refuses are named
+on their step beside the ones the record refused. What the record
 cannot tell (the node-hours cost, the walltime, a human's answer to a new ASK,
 the planner's answer to a new Retry) is taken from a stated source or assumed
 and said so in the result; ``docs/replay.md`` lists each choice. A new stop
@@ -14,24 +19,28 @@ means the later rounds would never have run: they are "not reached".
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
 
+from flows._engine._candidates import candidate_predictions
 from flows._engine._counters import Counters
+from flows._engine._round_context import CallJudgement, RoundFacts, judge_call, round_context
 from flows._provenance import ProvenanceStore
 from flows._provenance import _readers as readers
 from flows._provenance import _tables as tables
 from flows._provenance._sql import AlchemyReader
 from flows._spec import CampaignSpec, spec_from_dict
-from policies import BatchSummary, Policy, RoundContext, proposal_key
+from policies import Policy, RoundContext
 
 NOT_REACHED = "not reached"
 NO_RECORD = "no record"
 NOT_CALLED = "not called"
-STOPS = frozenset({"block", "escalate"})
+# The candidate rules refused every candidate: the round stops before any round rule.
+ALL_REFUSED = "all refused"
+STOPS = frozenset({"block", "escalate", ALL_REFUSED})
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,17 @@ class ReplayStep:
     new_rules: tuple[str, ...] = ()
     new_reason: str = ""
     note: str = ""
+    # Candidates refused by a candidate rule, as ``<source> <index> (<rule>)``.
+    recorded_refused: tuple[str, ...] = ()
+    new_refused: tuple[str, ...] = ()
 
     @property
     def differs(self) -> bool:
-        """Return whether the new policy's outcome differs from the recorded one."""
-        return self.new != (self.recorded or NO_RECORD)
+        """Return whether the new policy's outcome, or the candidates it refuses, differ."""
+        if self.new in (NOT_REACHED, NOT_CALLED, NO_RECORD):
+            return self.new != (self.recorded or NO_RECORD)
+        refused = sorted(self.new_refused) != sorted(self.recorded_refused)
+        return refused or self.new != (self.recorded or NO_RECORD)
 
 
 @dataclass
@@ -77,12 +92,16 @@ class ReplayResult:
             "asked": [],
             "retried": [],
             "continued": [],
+            "refused": [],
             "not_reached": [],
         }
-        names = {"block": "stopped", "escalate": "stopped", "suspend": "asked"}
-        names |= {"retry": "retried", "continue": "continued", NOT_REACHED: "not_reached"}
+        names = {"block": "stopped", "escalate": "stopped", ALL_REFUSED: "stopped"}
+        names |= {"suspend": "asked", "retry": "retried", "continue": "continued"}
+        names |= {NOT_REACHED: "not_reached"}
         for step in self.steps:
             key = names.get(step.new)
+            if step.new == (step.recorded or NO_RECORD) and step.differs:
+                key = "refused"  # the same outcome on other candidates
             if step.differs and key and step.round_index not in found[key]:
                 found[key].append(step.round_index)
         # A round the new policy stopped in is "stopped", though its later calls are not reached.
@@ -119,9 +138,9 @@ def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
             .order_by(g.round_index, g.call_index)
         ).all()
         accepted = {
-            int(row.gate_call_id): row.value
+            int(row.gate_call_id): row
             for row in connection.execute(
-                select(a.gate_call_id, a.value)
+                select(a.gate_call_id, a.value, a.scores, a.rejected_by)
                 .join(tables.GATE_CALLS, g.id == a.gate_call_id)
                 .where(g.campaign_id == cid, a.rejected_by.is_(None), a.failed_by.is_(None))
             )
@@ -145,7 +164,14 @@ def read_record(store: ProvenanceStore, name: str) -> dict[str, Any]:
         )
         reader = AlchemyReader(connection)
         approvals = {key: readers.approval(reader, key) for key in keys}
+        refused: dict[tuple[int, int], list[str]] = {}
+        for round_row in rounds:
+            for fate in readers.candidate_fates(reader, cid, int(round_row.round_index)):
+                if fate["fate"] == "refused":
+                    where = (int(round_row.round_index), int(fate["call_index"]))
+                    refused.setdefault(where, []).append(_refusal(fate))
     return {
+        "refused": refused,
         "campaign": campaign,
         "rounds": rounds,
         "calls": calls,
@@ -185,9 +211,15 @@ def infer_can_suspend(record: Mapping[str, Any]) -> bool:
     return True
 
 
+def _refusal(fate: Mapping[str, Any]) -> str:
+    """Return a refused candidate as a step names it: ``proposal 2 (far-corner)``."""
+    return f"{fate['source']} {fate['candidate_index']} ({fate['rule'] or 'policy'})"
+
+
 def _candidates(call: Any, accepted: Mapping[int, Any]) -> list[list[float]] | None:
     if call.disposition == "accepted":
-        value = accepted.get(int(call.id))
+        row = accepted.get(int(call.id))
+        value = None if row is None else row.value
         rows = value.get("candidates") if isinstance(value, dict) else None
     elif call.disposition == "fallback":
         rows = call.fallback_value
@@ -222,13 +254,25 @@ class _Replayer:
 
     def _step(self, index: int, call: Any, recorded: list[Any], pos: int, **kw: Any) -> None:
         row = recorded[pos] if pos < len(recorded) else None
+        refused = () if call is None else self.record["refused"].get((index, int(call.call_index)))
+        outcome = None if row is None else row.outcome
+        if outcome is None and refused:
+            outcome = ALL_REFUSED  # the live run refused every candidate: no decision recorded
+        new_refused = tuple(kw.get("new_refused", ()))
+        if kw["new"] not in (NOT_REACHED, NOT_CALLED) and sorted(new_refused) != sorted(
+            refused or ()
+        ):
+            said = f"refuses {', '.join(new_refused) or 'no candidate'}; the record refused "
+            said += ", ".join(refused or ()) or "none"
+            kw["note"] = "; ".join(n for n in (said, kw.get("note", "")) if n)
         self.result.steps.append(
             ReplayStep(
                 round_index=index,
                 call_index=None if call is None else int(call.call_index),
                 disposition=None if call is None else call.disposition,
-                recorded=None if row is None else row.outcome,
+                recorded=outcome,
                 recorded_rules=tuple(row.rules_fired or ()) if row is not None else (),
+                recorded_refused=tuple(refused or ()),
                 **kw,
             )
         )
@@ -257,8 +301,19 @@ class _Replayer:
                 hours = float(campaign["verifier_hours"])
         return hours
 
+    def _recorded_failed_last_batch(self, index: int) -> int:
+        """Return the failed tasks of the batch before round ``index``, as the record counted."""
+        failed = 0
+        for row in self.record["rounds"]:
+            state = row.policy_state if isinstance(row.policy_state, dict) else {}
+            campaign = state.get("campaign")
+            if int(row.round_index) < index and isinstance(campaign, dict):
+                failed = int(campaign.get("failed_last_batch", 0))
+        return failed
+
     def _round(self, index: int, calls: list[Any], recorded: list[Any]) -> None:
         self.counters.verifier_hours = self._recorded_verifier_hours(index)
+        self.counters.failed_last_batch = self._recorded_failed_last_batch(index)
         start = len(self.result.steps)
         self._judge_round(index, calls, recorded)
         # Recorded gate calls the new policy never makes: it stopped, or ran an earlier batch.
@@ -276,13 +331,26 @@ class _Replayer:
                 emit(new=NO_RECORD, note="the gate produced no batch here; the replay ends")
                 self._stop(index, self.result.recorded_status, None)
                 break
-            decision = self.policy.evaluate(
-                self._context(index, int(call.call_index), call, candidates)
+            judged = self._judge(index, call, candidates)
+            refused = tuple(
+                _refusal({"source": f.source, "candidate_index": f.index, "rule": f.rule})
+                for f in judged.ledger.refused()
             )
+            decision = judged.decision
+            if decision is None:
+                emit(
+                    new=ALL_REFUSED,
+                    new_refused=refused,
+                    note="the candidate rules refuse every candidate: blocked (policy_denied)",
+                )
+                self._stop(index, "blocked", "policy_denied")
+                return
+            candidates = judged.candidates
             kind = decision.outcome.kind
             self.counters.decisions.append(kind)
             rules = tuple(f.rule for f in decision.fired)
             step = {"new": kind, "new_rules": rules, "new_reason": decision.outcome.reason}
+            step["new_refused"] = refused
             if kind == "retry":
                 if int(call.call_index) > spec.policy_retries:
                     emit(**step, note="policy retries exhausted: blocked (policy_denied)")
@@ -360,32 +428,35 @@ class _Replayer:
                 self._stop(index, "blocked", "approval_timeout")
                 return None, note
             return ([[float(x) for x in c] for c in call.fallback_value], "fallback"), note
-        size = (row.overrides or {}).get("batch_size") if isinstance(row.overrides, dict) else None
-        if size and spec.approvals.max_batch_override:
+        overrides = row.overrides if isinstance(row.overrides, dict) else {}
+        kept, size = overrides.get("candidates"), overrides.get("batch_size")
+        if kept and spec.approvals.max_batch_override:  # the approver's subset, as live
+            candidates = [candidates[i] for i in sorted(kept) if 0 <= i < len(candidates)]
+        elif size and spec.approvals.max_batch_override:
             candidates = candidates[: int(size)]
         return (candidates, call.disposition), note
 
-    def _context(
-        self, index: int, call_index: int, call: Any, candidates: list[list[float]]
-    ) -> RoundContext:
-        nhps = self.result.node_hours_per_simulation
-        return RoundContext(
+    def _judge(self, index: int, call: Any, candidates: list[list[float]]) -> CallJudgement:
+        """Judge a recorded gate call as the engine judged it live (``judge_call``)."""
+        facts = RoundFacts(
             campaign=self.name,
-            round_index=index,
-            attempt=call_index,
-            batch=BatchSummary(
-                size=len(candidates), candidates=candidates, node_hours=len(candidates) * nhps
-            ),
-            proposal_key=proposal_key(candidates),
-            disposition=call.disposition,
-            consecutive_fallbacks=self.counters.fallbacks_with(call.disposition),
-            budget_spent=self.counters.spent,
-            budget_remaining=self.spec.budget_node_hours - self.counters.spent,
+            spec=self.spec,
+            counters=self.counters,
+            node_hours_per_simulation=self.result.node_hours_per_simulation,
             walltime_remaining=None,
-            earlier_decisions=tuple(self.counters.decisions),
             can_suspend=self.result.can_suspend,
-            default_approvers=tuple(self.spec.approvals.approvers),
         )
+        call_index, disposition = int(call.call_index), str(call.disposition)
+
+        def context_for(batch: Sequence[Sequence[float]]) -> RoundContext:
+            return round_context(facts, index, call_index, batch, disposition)
+
+        predictions: list[float | None] = [None] * len(candidates)
+        attempt = self.record["accepted"].get(int(call.id))
+        if disposition == "accepted" and attempt is not None:
+            predictions = candidate_predictions([attempt], len(candidates))
+        fallback = [[float(x) for x in row] for row in call.fallback_value or []]
+        return judge_call(self.policy, context_for, candidates, predictions, fallback)
 
     def _assimilate(self, index: int, launch: tuple[list[list[float]], str]) -> None:
         candidates, disposition = launch

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -205,6 +205,25 @@ class Settings(BaseSettings):
             "UNATTENDED_STORAGE_BACKOFF_SECONDS", "storage_backoff_seconds"
         ),
         description="Seconds before the second such attempt; doubled each time, at most 30 s.",
+    )
+    check_simulation: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        validation_alias=AliasChoices("UNATTENDED_CHECK_SIMULATION", "check_simulation"),
+        description=(
+            "Whether the checks run the simulation once on the first fallback candidate: "
+            "auto: 'check' runs it when the site runs tasks here (scheduler 'none') and its "
+            "cost model says one takes at most check_simulation_seconds, submit and run do "
+            "not; always: check, submit and run run it; never: nothing runs it."
+        ),
+    )
+    check_simulation_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        validation_alias=AliasChoices(
+            "UNATTENDED_CHECK_SIMULATION_SECONDS", "check_simulation_seconds"
+        ),
+        description="How long the check's simulation run may take before it is refused (seconds).",
     )
 
     @classmethod

@@ -18,6 +18,8 @@ its ``retryable`` flag is data, not guessed from the class::
     ├── VerifierFailed                   verifier_failed     no
     ├── ProviderError                    provider_error      yes
     ├── TaskFailed                       task_failed         per instance
+    │   (a task's record carries ``bad_output`` when it ran but wrote no value the
+    │   campaign reads: stdout not JSON, or no finite number where the objective reads one)
     ├── SpecInvalid                      spec_invalid        no
     │   └── SiteInvalid                  site_invalid        no
     ├── NotFound                         not_found           no
@@ -57,6 +59,7 @@ CODES: Final[tuple[str, ...]] = (
     "approval_rejected",
     "approval_timeout",
     "approver_not_allowed",
+    "bad_output",
     "budget_exceeded",
     "continuations_exhausted",
     "deadline_exceeded",

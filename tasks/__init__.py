@@ -15,6 +15,7 @@ if TYPE_CHECKING:
         Simulation,
         batch_key,
         launch_batch,
+        objective_value,
     )
     from tasks._executor import AllocationExecutor
     from tasks._fallback import FallbackBatch, evenly_spaced, fallback_batch
@@ -26,7 +27,15 @@ if TYPE_CHECKING:
         reask_messages,
     )
     from tasks._proposal import Bounds, Proposal, candidates_hash, planner_checks
-    from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult, TaskSpec
+    from tasks._results import (
+        BAD_OUTPUT,
+        ExecutableTask,
+        FunctionTask,
+        RetryRecord,
+        TaskResult,
+        TaskSpec,
+        stdout_value,
+    )
     from tasks._site import NotifyConfig, SiteConfig, load_site
     from tasks._site_slurm import slurm_site_problems
     from tasks._surrogate import GaussianProcess
@@ -45,6 +54,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "Simulation",
             "batch_key",
             "launch_batch",
+            "objective_value",
         ],
         "_executor": ["AllocationExecutor"],
         "_fallback": ["FallbackBatch", "evenly_spaced", "fallback_batch"],
@@ -56,7 +66,15 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "reask_messages",
         ],
         "_proposal": ["Bounds", "Proposal", "candidates_hash", "planner_checks"],
-        "_results": ["ExecutableTask", "FunctionTask", "RetryRecord", "TaskResult", "TaskSpec"],
+        "_results": [
+            "BAD_OUTPUT",
+            "ExecutableTask",
+            "FunctionTask",
+            "RetryRecord",
+            "TaskResult",
+            "TaskSpec",
+            "stdout_value",
+        ],
         "_site": ["NotifyConfig", "SiteConfig", "load_site"],
         "_site_slurm": ["slurm_site_problems"],
         "_surrogate": ["GaussianProcess"],
@@ -66,6 +84,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
 
 
 __all__: list[str] = [
+    "BAD_OUTPUT",
     "AllocationExecutor",
     "AllocationRecord",
     "BatchOutcome",
@@ -93,10 +112,12 @@ __all__: list[str] = [
     "fallback_batch",
     "launch_batch",
     "load_site",
+    "objective_value",
     "parse_completion",
     "planner_checks",
     "reask_messages",
     "retire_left_open",
     "slurm_site_problems",
+    "stdout_value",
     "verifier",
 ]

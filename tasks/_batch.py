@@ -9,6 +9,11 @@ When the allocation ends mid-batch, its unfinished tasks come back
 their own batch (``relaunch`` 1, 2, ..., keyed apart), in the next allocation,
 until each has a final result. Every relaunch is recorded like a batch, so a
 restart replays the chain instead of running a completed candidate again.
+
+A simulation that says what its reader takes (``Simulation.reads``, for a campaign
+:func:`objective_value`) has every ``done`` result judged before it is recorded: one
+whose value holds no finite number is recorded ``failed`` with code ``bad_output``, so
+nothing downstream counts it a success.
 """
 
 from __future__ import annotations
@@ -18,14 +23,39 @@ import hashlib
 import json
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from tasks._executor import STALLED_ALLOCATIONS, AllocationExecutor, OnResult
-from tasks._results import ExecutableTask, FunctionTask, TaskResult, TaskSpec
+from tasks._results import (
+    BAD_OUTPUT,
+    ExecutableTask,
+    FunctionTask,
+    TaskResult,
+    TaskSpec,
+    bad_output_tail,
+)
 
 Candidate = Sequence[float]
+
+# What a simulation that reads an objective must produce, in the words of its failure.
+OBJECTIVE_SHAPE = 'a finite number, or {"value": <finite number>}'
+
+
+def objective_value(value: Any) -> float | None:
+    """Return the objective a simulation's value carries, or None when it carries none.
+
+    The value is a finite number, or a JSON object whose ``"value"`` is one
+    (booleans, NaN and infinities are not numbers here). This is what a campaign
+    learns from; a ``done`` task whose value gives None is a ``bad_output`` failure.
+    """
+    if isinstance(value, Mapping):
+        value = value.get("value")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _canonical_candidates(candidates: Sequence[Candidate]) -> list[list[float]]:
@@ -146,6 +176,10 @@ class Simulation:
 
     ``id`` names the simulation in the batch key: change it when the simulation
     changes meaning, or old results would be reused.
+
+    ``reads`` says what the reader of the results takes from a value (a campaign:
+    :func:`objective_value`): a ``done`` result it finds nothing in becomes
+    ``failed`` with code ``bad_output`` (:meth:`judged`). ``None`` keeps any value.
     """
 
     id: str
@@ -156,6 +190,7 @@ class Simulation:
     timeout: float | None = None
     retries: int | None = None
     transient_exit_codes: frozenset[int] = field(default_factory=frozenset)
+    reads: Callable[[Any], float | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.argv is None) == (self.fn is None):
@@ -209,6 +244,26 @@ class Simulation:
             timeout=self.timeout,
             retries=self.retries,
             transient_exit_codes=self.transient_exit_codes,
+        )
+
+    def judged(self, result: TaskResult) -> TaskResult:
+        """Return ``result``, or a ``bad_output`` failure if it is done with nothing to read."""
+        if self.reads is None or result.status != "done" or self.reads(result.value) is not None:
+            return result
+        shown = "" if result.value is None else json.dumps(result.value, allow_nan=True)
+        what = "stdout" if self.argv is not None else "the function's return value"
+        why = (
+            f"simulation {self.id} wrote no value the objective reads: {what} gave "
+            f"{'nothing' if result.value is None else 'no finite number'} "
+            f"(expected {OBJECTIVE_SHAPE})"
+        )
+        return result.model_copy(
+            update={
+                "status": "failed",
+                "error_code": BAD_OUTPUT,
+                "value": None,
+                "stderr_tail": bad_output_tail(why, shown, result.stderr_tail),
+            }
         )
 
 
@@ -286,6 +341,18 @@ async def launch_batch(
     return BatchOutcome(key=key, results=merged, reused=reused, relaunches=relaunch)
 
 
+def _judging(on_result: OnResult | None, simulation: Simulation) -> OnResult | None:
+    """Return ``on_result`` seeing each result as it will be recorded: judged."""
+    if on_result is None:
+        return None
+    report = on_result
+
+    def seen(result: TaskResult) -> Any:
+        return report(simulation.judged(result))
+
+    return seen
+
+
 def _at_index(result: Any, index: int) -> Any:
     """Return ``result`` renumbered to its candidate's place in the round batch."""
     if getattr(result, "index", index) == index:
@@ -331,6 +398,9 @@ async def _launch_once(
     prefix = f"{campaign}/{round_index}/{key[:16]}"
     # durable: the prefix names this batch in every run, so a continuation harvests
     # what a run that died left in the task ledger instead of running it again.
-    results = await executor.run_batch(tasks, key_prefix=prefix, on_result=on_result, durable=True)
+    ran = await executor.run_batch(
+        tasks, key_prefix=prefix, on_result=_judging(on_result, simulation), durable=True
+    )
+    results = [simulation.judged(result) for result in ran]
     store.record_batch_results(key, results)
     return results, False

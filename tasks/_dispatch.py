@@ -50,7 +50,16 @@ from tasks._executables import (
     run_executable,
     run_executable_blocking,
 )
-from tasks._results import ExecutableTask, FunctionTask, TaskStatus, jsonable, tail
+from tasks._results import (
+    BAD_OUTPUT,
+    ExecutableTask,
+    FunctionTask,
+    TaskStatus,
+    bad_output_tail,
+    jsonable,
+    stdout_value,
+    tail,
+)
 from tasks._task_ledger import TaskLedger, TaskRef
 from tasks._task_supervisor import fenced_out, where, write_atomically
 
@@ -293,9 +302,18 @@ def executable_outcome(
             reason=f"exit code {code}",
         )
     try:
-        value = jsonable(_json_or_none(out.stdout))
-    except TypeError:  # pragma: no cover - json.loads only yields JSON types
-        value = None
+        value = jsonable(stdout_value(out.stdout))
+    except ValueError:
+        # Ran to its end, printed no value: a failure of its own (never retried), not `done`.
+        return AttemptOutcome(
+            status="failed",
+            runtime=out.runtime,
+            host=out.host,
+            exit_code=0,
+            stderr_tail=bad_output_tail("stdout is not JSON", out.stdout, out.stderr_tail),
+            error_code=BAD_OUTPUT,
+            reason="stdout not JSON",
+        )
     return AttemptOutcome(
         status="done",
         value=value,
@@ -304,18 +322,6 @@ def executable_outcome(
         exit_code=0,
         stderr_tail=out.stderr_tail,
     )
-
-
-def _json_or_none(text: str) -> Any:
-    import json
-
-    stripped = text.strip()
-    if not stripped:
-        return None
-    try:
-        return json.loads(stripped)
-    except ValueError:
-        return None
 
 
 class Dispatcher:

@@ -8,6 +8,7 @@ it as is.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,6 +23,14 @@ TaskStatus = Literal["done", "failed", "timeout", "cancelled", "interrupted"]
 
 #: How much of a task's stderr (or of a function's exception) a result keeps.
 STDERR_TAIL_CHARS = 2048
+
+#: The stable code of a task that ran to its end but wrote no value its reader can use
+#: (an executable's stdout that is not JSON; a simulation's value with no finite number
+#: where the objective reads one). A failure, never a success with ``value = None``.
+BAD_OUTPUT = "bad_output"
+
+# What a bad output's record keeps of each stream: the two share ``stderr_tail``.
+_OUTPUT_TAIL_CHARS = STDERR_TAIL_CHARS // 2 - 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,7 +103,9 @@ class TaskResult(BaseModel):
     """The outcome of one task, successful or not.
 
     ``value`` is a function's return value, or an executable's stdout parsed as
-    JSON (``None`` when stdout is not JSON).
+    JSON (``None`` when stdout is empty). Stdout that is not JSON (``NaN`` and
+    ``Infinity`` are not) makes the task ``failed`` with code ``bad_output``; its
+    ``stderr_tail`` then holds the tails of both streams (:func:`bad_output_tail`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -115,7 +126,10 @@ class TaskResult(BaseModel):
     attempts: int = Field(ge=1, description="1 + the retries used.")
     error_code: str | None = Field(
         default=None,
-        description="Stable code when not done: task_failed, deadline_exceeded, allocation_ended.",
+        description=(
+            "Stable code when not done: task_failed, bad_output, deadline_exceeded, "
+            "allocation_ended."
+        ),
     )
     retries: tuple[RetryRecord, ...] = Field(default=(), description="Every retried attempt.")
 
@@ -128,6 +142,38 @@ class TaskResult(BaseModel):
 def tail(text: str, limit: int = STDERR_TAIL_CHARS) -> str:
     """Return the last ``limit`` characters of ``text``."""
     return text if len(text) <= limit else text[-limit:]
+
+
+def stdout_value(text: str) -> Any:
+    """Return an executable's stdout as its value: strict JSON, None when empty.
+
+    Raises:
+        ValueError: The stdout is not JSON (``NaN`` and ``Infinity`` are not JSON,
+            though Python's ``json`` reads them): the task's output is bad.
+    """
+    stripped = text.strip()
+    if not stripped:
+        return None
+    return json.loads(stripped, parse_constant=_not_json)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def bad_output_tail(why: str, stdout: str, stderr: str) -> str:
+    """Return what a ``bad_output`` record keeps: why, then the ends of stdout and stderr.
+
+    Both streams are kept (about 1 KB each) in the one text a task result has for
+    them, so ``inspect`` and the provenance show what the program printed instead
+    of a value.
+    """
+    out = tail(stdout, _OUTPUT_TAIL_CHARS)
+    err = tail(stderr, _OUTPUT_TAIL_CHARS)
+    return (
+        f"{why}\n--- stdout (last {len(out)} chars) ---\n{out}\n"
+        f"--- stderr (last {len(err)} chars) ---\n{err}"
+    )
 
 
 def _numpy_friendly(value: Any) -> Any:

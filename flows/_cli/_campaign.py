@@ -36,6 +36,16 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help='print one JSON document: {"ok": true, ...} or {"ok": false, "errors": [...]}',
     )
+    check.add_argument(
+        "--run-simulation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=(
+            "run the simulation once on the first fallback candidate (refused: bad_output, "
+            "task_failed); default: the UNATTENDED_CHECK_SIMULATION setting (auto: when the "
+            "site runs tasks here and one is cheap by its cost model)"
+        ),
+    )
     check.set_defaults(handler=_check)
 
     run = subparsers.add_parser(
@@ -147,7 +157,7 @@ def _check(args: argparse.Namespace) -> int:
 
     if args.json:
         return _check_json(args)
-    report = check_campaign(args.spec, args.site, os.environ)
+    report = check_campaign(args.spec, args.site, os.environ, run_simulation=args.run_simulation)
     if report.checked is None:
         for problem in report.problems:
             print(f"error: {problem.text}", file=sys.stderr)
@@ -173,7 +183,9 @@ def _check_json(args: argparse.Namespace) -> int:
     from policies import UnattendedError
 
     try:
-        report = check_campaign(args.spec, args.site, os.environ)
+        report = check_campaign(
+            args.spec, args.site, os.environ, run_simulation=args.run_simulation
+        )
     except UnattendedError as exc:  # what check could not even look at: one error, still JSON
         details = exc.details or {}
         print_json(

@@ -166,6 +166,7 @@ def format_replay(result: ReplayResult, *, policy_file: str) -> str:
             "asked": "would have asked for approval",
             "retried": "would have refused the proposal (retry)",
             "continued": "would have continued",
+            "refused": "would have refused other candidates (the same outcome)",
             "not_reached": "not reached (an earlier round stopped the campaign)",
         }
         for key, label in labels.items():

@@ -15,59 +15,61 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, TypeAlias, TypeVar, assert_never, cast
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar, assert_never
 
 from opentelemetry import trace
 
-from acceptance import Attempt, Outcome, Rejected, accept
+from acceptance import Attempt, Outcome
 from flows._engine._answers import AnswerJournal
 from flows._engine._approval import (
     Answer,
     ApprovalRequest,
-    Judgement,
-    Verdict,
-    approval_deadline,
-    judge,
 )
+from flows._engine._asking import ask_approval
 from flows._engine._campaign_state import (
     PlannerSlot,
     build_policy,
     build_surrogate,
     derive_seed,
 )
-from flows._engine._candidates import CandidateLedger, candidate_predictions, oversee
+from flows._engine._candidates import CandidateLedger, candidate_predictions
 from flows._engine._counters import Counters
 from flows._engine._failpoints import failpoint, failpoint_in_commit
+from flows._engine._gate_replay import ProposalCheck, ProposalScore, call_gate, verifier_hours
+from flows._engine._moves import (
+    AwaitApproval,
+    Launch,
+    Reask,
+    Stop,
+    next_move,
+    policy_feedback,
+)
 from flows._engine._proof import ApproverCodes
+from flows._engine._round_context import PlannedBatch, RoundFacts, judge_call, round_context
 from flows._engine._store import CampaignStore, SimulationResult
 from flows._provenance import (
-    ApprovalRow,
     CampaignStatus,
-    CandidateFateRecord,
     DecisionMismatch,
     GateCallEnd,
 )
 from flows._settings import Settings
 from flows._spec import LoadedSpec
 from policies import (
-    ApprovalRejected,
-    ApprovalTimeout,
-    BatchSummary,
-    Block,
+    CODES,
     BudgetExceeded,
-    Continue,
     Decision,
-    Escalate,
-    InternalError,
     PolicyDenied,
-    Retry,
     RoundContext,
-    Suspend,
     UnattendedError,
     classify,
-    proposal_key,
 )
-from tasks import Bounds, FallbackBatch, Proposal, fallback_batch, planner_checks
+from tasks import (
+    Bounds,
+    FallbackBatch,
+    Proposal,
+    fallback_batch,
+    objective_value,
+)
 
 log = logging.getLogger("unattended.campaign")
 tracer = trace.get_tracer("unattended.flows")
@@ -88,13 +90,6 @@ OnResult = Callable[[SimulationResult], None]
 RunBatch = Callable[
     [int, list[list[float]], OnResult | None], Awaitable[Sequence[SimulationResult]]
 ]
-# A gate check after the planner's cheap ones: raises ``Rejected`` to refuse a proposal;
-# it may return what it did (the verifier: where its tasks ran), its verdict's details.
-ProposalCheck = Callable[[Proposal], Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None]
-# A soft signal recorded on an accepted attempt, never gating.
-ProposalScore = Callable[[Proposal], float | Awaitable[float]]
-# The name of the gate check that runs the verifier tasks (its verdicts mark what they cost).
-VERIFIER_CHECK = "verifier"
 # How a stopped campaign ends; the error that stopped it carries the stable code.
 StopStatus: TypeAlias = Literal["blocked", "escalated", "failed"]
 TERMINAL: frozenset[CampaignStatus] = frozenset({"completed", "blocked", "escalated", "failed"})
@@ -104,18 +99,6 @@ def decision_record(decision: Decision) -> dict[str, Any]:
     """Return the policy decision as a provenance row (its kind is the ``outcome`` column)."""
     record = decision.to_record()
     return {"outcome": record.pop("kind"), **record}
-
-
-def _why(firing: Any) -> str:
-    """Return why a rule asked, in the rule's words (its condition and advice shown apart)."""
-    return str(firing.description or firing.detail or "its condition held")
-
-
-def _overrides(judgement: Judgement) -> dict[str, Any] | None:
-    """Return what an answer changed of the batch, as recorded on its approval event."""
-    if judgement.candidates:
-        return {"candidates": list(judgement.candidates)}
-    return {"batch_size": judgement.batch_size} if judgement.batch_size else None
 
 
 async def run_directly(name: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -152,16 +135,6 @@ def stop_status(error: UnattendedError) -> StopStatus:
             return "failed"
         case _:
             assert_never(error.run_status)
-
-
-@dataclass
-class _Launch:
-    candidates: list[list[float]]
-    disposition: str
-    node_hours: float
-    struck_by: str | None = None  # the approver who kept only part of the batch
-    rationale: str = ""  # the planner's, shown on an approval form
-    predictions: list[float | None] = field(default_factory=list)  # per candidate, verifier's
 
 
 @dataclass
@@ -253,6 +226,19 @@ class CampaignEngine:
                 self.store.set_campaign_status(self.name, "failed", classify(exc).code)
                 self.hooks.on_event("failed", {"round": index, "code": classify(exc).code})
                 raise
+        if self.counters.tasks_done == 0 and spec.rounds > 0:
+            # Every round ran and no simulation gave a value: that is no success.
+            code = self.counters.last_failure_code or "task_failed"
+            code = code if code in CODES else "task_failed"
+            self.store.set_campaign_status(self.name, "failed", code, round_index=spec.rounds - 1)
+            self.hooks.on_event("failed", {"round": spec.rounds - 1, "code": code})
+            return CampaignResult(
+                "failed",
+                code,
+                spec.rounds,
+                f"all {spec.rounds} round(s) ran but no simulation produced a value the "
+                f"objective reads; the last batch's tasks failed with {code}",
+            )
         self.store.set_campaign_status(self.name, "completed", None)
         self.hooks.on_event("completed", {"rounds": spec.rounds})
         return CampaignResult("completed", None, spec.rounds, "all rounds completed")
@@ -293,7 +279,7 @@ class CampaignEngine:
             failpoint("after_fallback_recorded")
             outcome = await self.hooks.step(
                 f"gate round {index} call {call_index}",
-                functools.partial(self._gate, index, gate_id, fallback, feedback),
+                functools.partial(call_gate, self, index, gate_id, fallback, feedback),
             )
             failpoint("after_gate")
             # The call's end lands with the decision taken on it, in one commit: a kill
@@ -302,13 +288,21 @@ class CampaignEngine:
             try:
                 # Replayed attempts count the same as fresh ones: the record says what was
                 # verified.
-                self.counters.verifier_hours += self._verifier_hours(outcome)
+                hours = verifier_hours(outcome, self.node_hours_per_verifier)
+                self.counters.verifier_hours += hours
                 launch = self._launch_of(outcome)
-                ledger = self._oversee(index, call_index, outcome, launch, fallback)
-                decision = self._decide(index, call_index, launch)
+                ledger, decision = self._judge(index, call_index, outcome, launch, fallback)
                 seq += 1
                 self._check_recorded(index, seq, decision)
-                fates, stop = self._apply(index, call_index, decision, ledger, launch, fallback)
+                move = next_move(
+                    decision,
+                    ledger,
+                    launch,
+                    fallback,
+                    index=index,
+                    call_index=call_index,
+                    policy_retries=spec.policy_retries,
+                )
                 self.store.record_decision(
                     self.name,
                     index,
@@ -316,7 +310,7 @@ class CampaignEngine:
                     decision_record(decision),
                     gate_call=end,
                     call_index=call_index,
-                    fates=fates,
+                    fates=move.fates,
                 )
             except Exception:
                 self._end_call(end)  # no decision to record it with: the campaign stops
@@ -324,209 +318,74 @@ class CampaignEngine:
             failpoint("after_decision_recorded")
             self.counters.decisions.append(decision.outcome.kind)
             self.hooks.on_event("decision", {"round": index, "outcome": decision.outcome.kind})
-            if stop is not None:
-                raise stop
-            if isinstance(decision.outcome, Retry):
-                feedback.append(self._policy_feedback(outcome.value, decision, len(feedback) + 1))
-                call_index += 1
-                continue
-            if isinstance(decision.outcome, Suspend):
-                try:
-                    launch = await self._approval(
-                        index, call_index, decision, decision.outcome, launch, fallback, ledger
+            # The one dispatch on the decision: exhaustive over the moves.
+            match move:
+                case Stop(error=error):
+                    raise error
+                case Reask():
+                    feedback.append(policy_feedback(outcome.value, decision, len(feedback) + 1))
+                    call_index += 1
+                    continue
+                case AwaitApproval(ask=ask):
+                    launch = await ask_approval(
+                        self, index, call_index, decision, ask, launch, fallback, ledger
                     )
-                except UnattendedError as ended:
-                    self._skip(index, call_index, ledger, f"the approval ended: {ended.code}")
-                    raise
-                self.store.record_candidate_fates(
-                    self.name, index, call_index, self._settle(ledger, launch, fallback)
-                )
+                case Launch():
+                    pass
+                case _:
+                    assert_never(move)
             break
         await self._run_batch(index, launch)
 
-    async def _gate(
-        self, index: int, gate_id: int, fallback: FallbackBatch, feedback: list[Attempt[Any]]
-    ) -> Outcome[Proposal]:
-        """Call the gate, replaying the attempts the provenance already holds."""
-        spec = self.loaded.spec
-        # An attempt whose check failed (a crashed verifier) is not replayed: its value is
-        # checked again (the journal holds it), and what that check says replaces the failure.
-        recorded = [
-            attempt
-            for attempt in map(Attempt[Proposal].model_validate, self.store.attempts(gate_id))
-            if attempt.failed_by is None
-        ]
-        producer_for_round = self.planner.for_round(self.surrogate, index)
-        settled = next((a for a in recorded if a.rejected_by is None), None)
-        if settled is not None:
-            self.planner.skip(len(recorded))
-            return Outcome[Proposal].model_construct(
-                value=settled.value, disposition="accepted", attempts=tuple(recorded)
-            )
-        if len(recorded) >= spec.attempts:
-            self.planner.skip(len(recorded))
-            return Outcome[Proposal].model_construct(
-                value=fallback.to_proposal(), disposition="fallback", attempts=tuple(recorded)
-            )
-
-        async def producer(previous: tuple[Attempt[Proposal], ...]) -> Proposal:
-            if previous:
-                self.store.record_attempt(gate_id, previous[-1])  # idempotent on its number
-                failpoint("after_attempt_recorded")
-            done = len(previous)
-            if done < len(recorded):
-                # Answered before a restart: replay the record, never ask again.
-                self.planner.skip(1)
-                replayed = recorded[done]
-                raise Rejected(replayed.reason or "rejected", check=replayed.rejected_by)
-            journal_key = AnswerJournal.key(gate_id, done + 1)
-            journaled = self.answers.get(journal_key) if self.answers is not None else None
-            if journaled is not None:
-                # Answered before a restart that came while its checks ran.
-                self.planner.skip(1)
-                if "rejected" in journaled:
-                    raise Rejected(journaled["reason"], check=journaled["rejected"])
-                return Proposal.model_validate_json(journaled["value"])
-            history = (*feedback, *recorded, *previous[len(recorded) :])
-            try:
-                proposal: Proposal = await producer_for_round(history)
-            except Rejected as exc:
-                self.planner.sync()
-                if self.answers is not None:
-                    self.answers.put(journal_key, {"rejected": exc.check, "reason": exc.reason})
-                raise
-            self.planner.sync()
-            if self.answers is not None:
-                self.answers.put(journal_key, {"value": proposal.model_dump_json()})
-            failpoint("after_answer")
-            return proposal
-
-        def record_failure(attempt: Attempt[Proposal]) -> None:
-            # The failure (the planner's or a check's) propagates next and stops the campaign:
-            # the record keeps the attempt, and the call ends failed (a rerun decides it again).
-            self.store.record_attempt(gate_id, attempt)
-            self.store.finish_gate_call(gate_id, "failed", attempt.number)
-
-        checks = [*planner_checks(self.bounds, spec.batch_size), *self.checks]
-        outcome = await accept(
-            producer,
-            checks=checks,
-            scores=self.scores,
-            attempts=spec.attempts,
-            fallback=fallback.to_proposal,
-            name="planner",
-            on_failed_attempt=record_failure,
-        )
-        self.hooks.on_event(
-            "gate",
-            {"round": index, "disposition": outcome.disposition, "attempts": len(outcome.attempts)},
-        )
-        return outcome
-
-    def _verifier_hours(self, outcome: Outcome[Proposal]) -> float:
-        """Return what the gate's verifier tasks cost: one task per candidate it judged."""
-        if not self.node_hours_per_verifier:
-            return 0.0
-        tasks = 0
-        for attempt in outcome.attempts:
-            if any(verdict.check == VERIFIER_CHECK for verdict in attempt.verdicts):
-                tasks += len(getattr(attempt.value, "candidates", ()) or ())
-        return tasks * self.node_hours_per_verifier
-
-    def _launch_of(self, outcome: Outcome[Proposal]) -> _Launch:
+    def _launch_of(self, outcome: Outcome[Proposal]) -> PlannedBatch:
         candidates = [list(map(float, c)) for c in outcome.value.candidates]
         hours = len(candidates) * self.node_hours_per_simulation
         rationale = getattr(outcome.value, "rationale", "") or ""
-        return _Launch(candidates, outcome.disposition, hours, rationale=str(rationale))
+        return PlannedBatch(candidates, outcome.disposition, hours, rationale=str(rationale))
 
-    def _oversee(
+    def _judge(
         self,
         index: int,
         call_index: int,
         outcome: Outcome[Proposal],
-        launch: _Launch,
+        launch: PlannedBatch,
         fallback: FallbackBatch,
-    ) -> CandidateLedger:
-        """Drop the candidates the policy's candidate rules refuse (topping up if it says so).
+    ) -> tuple[CandidateLedger, Decision]:
+        """Judge the call's batch (candidate rules, then the round's rules); thin ``launch``.
 
-        The refusals are recorded with the decision, or here if nothing is left to decide on.
+        The one judgement ``replay`` makes too (``judge_call``). Refusals are recorded with
+        the decision, or here if the candidate rules left nothing to decide on.
         """
         predictions = candidate_predictions(outcome.attempts, len(launch.candidates))
         if launch.disposition != "accepted":
             predictions = [None] * len(launch.candidates)  # the fallback was never verified
-        context = self._context(index, call_index, launch)
-        ledger = oversee(self.policy, context, launch.candidates, predictions, fallback.candidates)
-        launch.candidates = ledger.planned()
-        launch.predictions = [
-            predictions[i] if source == "proposal" else None
-            for source, i in ledger.planned_origins()
-        ]
+        facts = RoundFacts(
+            campaign=self.name,
+            spec=self.loaded.spec,
+            counters=self.counters,
+            node_hours_per_simulation=self.node_hours_per_simulation,
+            walltime_remaining=self._walltime_remaining(),
+            can_suspend=self.hooks.suspend is not None,
+        )
+        disposition = launch.disposition
+
+        def context_for(candidates: Sequence[Sequence[float]]) -> RoundContext:
+            return round_context(facts, index, call_index, candidates, disposition)
+
+        judged = judge_call(
+            self.policy, context_for, launch.candidates, predictions, fallback.candidates
+        )
+        launch.candidates = judged.candidates
+        launch.predictions = judged.predictions
         launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
-        if not launch.candidates:
-            self.store.record_candidate_fates(self.name, index, call_index, ledger.refused())
+        if judged.decision is None:
+            fates = judged.ledger.refused()
+            self.store.record_candidate_fates(self.name, index, call_index, fates)
             raise PolicyDenied(
                 f"round {index}: the policy refused every candidate",
                 details={"round": index, "call_index": call_index},
             )
-        return ledger
-
-    def _apply(
-        self,
-        index: int,
-        call_index: int,
-        decision: Decision,
-        ledger: CandidateLedger,
-        launch: _Launch,
-        fallback: FallbackBatch,
-    ) -> tuple[list[CandidateFateRecord], PolicyDenied | None]:
-        """Apply the decision to the batch: the fates to record with it, and how it stops.
-
-        A suspended batch's fates wait for the answer; its refused candidates do not.
-        """
-        where = {"round": index, "call_index": call_index}
-        # Exhaustive over policies.Outcome: a new kind fails type checking here.
-        match decision.outcome:
-            case Retry():
-                fates = ledger.skip("the policy refused the batch")
-                if call_index > self.loaded.spec.policy_retries:
-                    return fates, PolicyDenied(
-                        f"round {index}: policy retries exhausted", details=where
-                    )
-                return fates, None
-            case Block(code=code):
-                fates = ledger.skip("the policy blocked the batch")
-                return fates, PolicyDenied(
-                    f"round {index}: blocked by policy", code=code, details=where
-                )
-            case Escalate() as escalate:
-                fates = ledger.skip("the policy escalated the batch")
-                return fates, PolicyDenied(
-                    f"round {index}: escalated to a human queue",
-                    details={**where, "to": list(escalate.to)},
-                    run_status=escalate.run_status,
-                )
-            case Suspend():
-                return ledger.refused(), None
-            case Continue(modified=modified):
-                if modified:
-                    launch.candidates = [list(c) for c in modified]
-                return self._settle(ledger, launch, fallback), None
-            case _:
-                assert_never(decision.outcome)
-
-    @staticmethod
-    def _settle(
-        ledger: CandidateLedger, launch: _Launch, fallback: FallbackBatch
-    ) -> list[CandidateFateRecord]:
-        """Return every candidate's fate once ``launch`` is the batch that runs."""
-        return ledger.settle(
-            launch.candidates,
-            fallback.candidates,
-            struck_by=launch.struck_by,
-            reason=f"struck by approver {launch.struck_by}"
-            if launch.struck_by
-            else "not in the batch that ran",
-        )
+        return judged.ledger, judged.decision
 
     def _end_call(self, end: GateCallEnd) -> None:
         """Record a gate call's end without a decision; a store that fails logs, not masks."""
@@ -536,36 +395,6 @@ class CampaignEngine:
             )
         except Exception:
             log.warning("could not record the end of gate call %s", end.gate_call_id, exc_info=True)
-
-    def _skip(self, index: int, call_index: int, ledger: CandidateLedger, reason: str) -> None:
-        self.store.record_candidate_fates(self.name, index, call_index, ledger.skip(reason))
-
-    def _decide(self, index: int, call_index: int, launch: _Launch) -> Decision:
-        return self.policy.evaluate(self._context(index, call_index, launch))
-
-    def _context(self, index: int, call_index: int, launch: _Launch) -> RoundContext:
-        spec = self.loaded.spec
-        fallbacks = self.counters.fallbacks_with(launch.disposition)
-        return RoundContext(
-            campaign=self.name,
-            round_index=index,
-            attempt=call_index,
-            batch=BatchSummary(
-                size=len(launch.candidates),
-                candidates=launch.candidates,
-                node_hours=launch.node_hours,
-            ),
-            proposal_key=proposal_key(launch.candidates),
-            disposition=launch.disposition,  # type: ignore[arg-type]  # "accepted" | "fallback"
-            consecutive_fallbacks=fallbacks,
-            budget_spent=self.counters.spent,
-            budget_remaining=spec.budget_node_hours - self.counters.spent,
-            walltime_remaining=self._walltime_remaining(),
-            earlier_decisions=tuple(self.counters.decisions),
-            can_suspend=self.hooks.suspend is not None,
-            failed_last_batch=self.counters.failed_last_batch,
-            default_approvers=tuple(spec.approvals.approvers),
-        )
 
     def _walltime_remaining(self) -> float | None:
         """Return seconds left in the allocation: the executor's jobs, else the environment's."""
@@ -593,184 +422,7 @@ class CampaignEngine:
             details=details,
         )
 
-    def _policy_feedback(self, value: Proposal, decision: Decision, number: int) -> Attempt[Any]:
-        rule = decision.fired[0].rule if decision.fired else "policy"
-        return Attempt[Any].model_construct(
-            number=number,
-            value=value,
-            rejected_by=f"policy:{rule}",
-            reason=decision.feedback,
-            scores={},
-            verdicts=(),
-            duration=0.0,
-            trace_id=None,
-            span_id=None,
-        )
-
-    async def _approval(
-        self,
-        index: int,
-        call_index: int,
-        decision: Decision,
-        ask: Suspend,
-        launch: _Launch,
-        fallback: FallbackBatch,
-        ledger: CandidateLedger,
-    ) -> _Launch:
-        """Ask a human; return what to launch, or stop the round as the answer says."""
-        spec = self.loaded.spec
-        suspend = self.hooks.suspend
-        if suspend is None:  # the policy turns ASK into Escalate when it cannot suspend
-            raise PolicyDenied(
-                f"round {index}: no way to ask a human",
-                details={"round": index, "call_index": call_index},
-                run_status="escalated",
-            )
-        firing = decision.fired[0] if decision.fired else None
-        approvers = ask.approvers or tuple(spec.approvals.approvers)
-        require_proof = isinstance(decision.outcome, Suspend) and decision.outcome.require_proof
-        allow_override = spec.approvals.max_batch_override
-        key = f"{self.name}-r{index}-c{call_index}"
-        row = self.store.find_approval(key)
-        if row is None:
-            self.store.record_approval_request(
-                self.name,
-                index,
-                key=key,
-                rule=firing.rule if firing else None,
-                approvers=approvers,
-                description=None,
-                flow_run_id=self.hooks.flow_run_id,
-                # The allocation's window as this process sees it, recorded once: replays
-                # (maybe in another process, even off the allocation) and the watchdog
-                # read the deadline back from the row instead of recomputing it.
-                allocation_start=self.allocation.start,
-                allocation_end=self.allocation.end,
-                require_proof=require_proof,
-                allow_override=allow_override,
-            )
-            row = self.store.find_approval(key)
-            if row is None:
-                raise InternalError(
-                    f"approval request {key!r} was recorded but cannot be read back",
-                    details={"key": key},
-                )
-        # A waiting request keeps the rules it was made under: inputs accepted since
-        # (``submit --accept-changes``: new approvers, no proof) apply from the next one.
-        approvers = tuple(row.approvers_allowed) or approvers
-        if row.require_proof is not None:
-            require_proof = row.require_proof
-        if row.allow_override is not None:
-            allow_override = row.allow_override
-        request = ApprovalRequest(
-            campaign=self.name,
-            round_index=index,
-            call_index=call_index,
-            rule=firing.rule if firing else "policy",
-            reason=_why(firing) if firing else (decision.feedback or "policy asked"),
-            condition=firing.detail if firing and firing.description else "",
-            advice=firing.advice if firing else "",
-            approvers=approvers,
-            proposed=launch.candidates,
-            fallback=[list(c) for c in fallback.candidates],
-            node_hours=launch.node_hours,
-            budget_remaining=spec.budget_node_hours - self.counters.spent,
-            disposition=launch.disposition,
-            deadline=approval_deadline(row.requested_at, row.allocation_end, spec.approvals),
-            require_proof=require_proof,
-            on_timeout=spec.approvals.on_timeout,
-            allow_override=allow_override,
-            origins=tuple(ledger.planned_origins()),
-            rationale=launch.rationale,
-            predictions=tuple(launch.predictions),
-            best_so_far=self.surrogate.best_value,
-            fallback_node_hours=len(fallback.candidates) * self.node_hours_per_simulation,
-        )
-        judgement = await self._await_answer(request, row, suspend)
-        self.store.set_campaign_status(self.name, "running", round_index=index)
-        self.hooks.on_event(
-            "approval", {"round": index, "verdict": judgement.verdict, "by": judgement.approver}
-        )
-        if judgement.verdict == "rejected":
-            raise ApprovalRejected(
-                f"round {index}: approval rejected", details={"round": index, "key": request.key}
-            )
-        if judgement.verdict == "timeout":
-            if spec.approvals.on_timeout == "stop":
-                raise ApprovalTimeout(
-                    f"round {index}: approval timed out",
-                    details={"round": index, "key": request.key},
-                )
-            candidates = [list(c) for c in fallback.candidates]
-            return _Launch(candidates, "fallback", len(candidates) * self.node_hours_per_simulation)
-        if judgement.candidates and request.allow_override:
-            launch.candidates = [launch.candidates[i] for i in sorted(judgement.candidates)]
-            launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
-            launch.struck_by = judgement.approver
-        elif judgement.batch_size and request.allow_override:
-            launch.candidates = launch.candidates[: judgement.batch_size]
-            launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
-            launch.struck_by = judgement.approver
-        return launch
-
-    async def _await_answer(
-        self, request: ApprovalRequest, row: ApprovalRow | None, suspend: Suspender
-    ) -> Judgement:
-        """Replay recorded answers, then suspend until an allowed answer (or the deadline)."""
-        events = list(row.events) if row is not None else []
-        refused = 0
-        while True:
-            if refused < len(events):
-                event = events[refused]
-                if event.allowed:
-                    overrides = event.overrides if isinstance(event.overrides, dict) else {}
-                    subset = overrides.get("candidates")
-                    return Judgement(
-                        cast(Verdict, event.decision),
-                        event.decided_by or "",
-                        event.comment or "",
-                        overrides.get("batch_size"),
-                        candidates=tuple(subset) if subset else None,
-                    )
-                refused += 1
-                continue
-            self.store.set_campaign_status(
-                self.name, "awaiting_approval", round_index=request.round_index
-            )
-            self.hooks.on_event(
-                "suspend",
-                {
-                    "round": request.round_index,
-                    "key": request.pause_key(refused),
-                    "rule": request.rule,
-                    "approvers": list(request.approvers),
-                    "deadline": request.deadline.isoformat(timespec="seconds"),
-                    "request": request,  # the whole request, for the UI's evidence
-                },
-            )
-            failpoint("before_suspend")
-            answer = await suspend(request, refused)
-            codes = self.approver_codes
-            judgement = judge(
-                answer, request, now=self.now(), verify=codes.verify if codes else None
-            )
-            self.store.record_approval_event(
-                request.key,
-                decided_by=judgement.approver,
-                decision=judgement.verdict,
-                comment=judgement.comment,
-                overrides=_overrides(judgement),
-                allowed=judgement.verdict != "not_allowed",
-                event_key=request.pause_key(refused),
-                proof=judgement.proof,
-                refusal=judgement.refusal,
-            )
-            failpoint("after_approval_recorded")
-            if judgement.verdict != "not_allowed":
-                return judgement
-            refused += 1
-
-    async def _run_batch(self, index: int, launch: _Launch) -> None:
+    async def _run_batch(self, index: int, launch: PlannedBatch) -> None:
         """Launch (or reuse) the round's batch, learn from it, and checkpoint the round."""
         spec = self.loaded.spec
         remaining = spec.budget_node_hours - self.counters.spent
@@ -795,17 +447,18 @@ class CampaignEngine:
         )
 
     async def _assimilate(
-        self, index: int, launch: _Launch, results: Sequence[SimulationResult]
+        self, index: int, launch: PlannedBatch, results: Sequence[SimulationResult]
     ) -> None:
         points: list[list[float]] = []
         values: list[float] = []
         for result in results:
-            value = result.value.get("value") if isinstance(result.value, dict) else result.value
-            if result.status == "done" and isinstance(value, int | float):
+            value = objective_value(result.value)
+            if result.status == "done" and value is not None:
                 points.append(launch.candidates[result.index])
-                values.append(float(value))
+                values.append(value)
         if points:
             self.surrogate.assimilate(points, values)
+        self.counters.count_results((r.status, getattr(r, "error_code", None)) for r in results)
         self.counters.after_batch(launch.disposition, launch.node_hours)
         failed = sum(1 for r in results if r.status != "done")
         self.counters.failed_last_batch = failed

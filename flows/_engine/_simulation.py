@@ -23,13 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from flows._engine._failpoints import after_call, failpoint
-from flows._engine._round import (
-    VERIFIER_CHECK,
-    OnResult,
-    ProposalCheck,
-    ProposalScore,
-    RunBatch,
-)
+from flows._engine._gate_replay import VERIFIER_CHECK, ProposalCheck, ProposalScore
+from flows._engine._round import OnResult, RunBatch
 from flows._engine._store import CampaignStore, SimulationResult
 from flows._paths import python_argv
 from flows._provenance._rows import PREDICTION_SCORE
@@ -42,6 +37,7 @@ from tasks import (
     SiteConfig,
     TaskResult,
     launch_batch,
+    objective_value,
     verifier,
 )
 
@@ -66,6 +62,16 @@ def simulation_argv(loaded: LoadedSpec, *, fidelity: str = "high") -> list[str]:
     return argv
 
 
+def campaign_simulation(loaded: LoadedSpec) -> Simulation:
+    """Return the campaign's simulation: its argv, its id in batch keys, what it must write.
+
+    A result with no objective in it (``tasks.objective_value``) is a failed task,
+    ``bad_output``, not a success. ``check`` runs this very simulation once.
+    """
+    simulation_id = "demo-objective" if loaded.spec.objective.simulation == "demo" else None
+    return Simulation.executable(simulation_argv(loaded), id=simulation_id, reads=objective_value)
+
+
 def build_run_batch(
     executor: AllocationExecutor,
     store: CampaignStore,
@@ -77,9 +83,7 @@ def build_run_batch(
     With ``site``, a batch the site's cost model says cannot finish before the
     allocation ends is launched in the next allocation instead.
     """
-    objective = loaded.spec.objective
-    simulation_id = "demo-objective" if objective.simulation == "demo" else None
-    simulation = Simulation.executable(simulation_argv(loaded), id=simulation_id)
+    simulation = campaign_simulation(loaded)
     # A crash test kills the process between the launch record and the first task.
     launch_store = after_call(store, "record_batch_launched", "after_batch_launch_recorded")
 

@@ -188,7 +188,7 @@ class TestCheckRefusesWhatCannotRun:
         from flows._spec import load_campaign
 
         program = demo / "sim.sh"
-        program.write_text("#!/bin/sh\n")
+        program.write_text("#!/bin/sh\necho '{\"value\": 1.0}'\n")  # the check runs it once
         program.chmod(0o755)
         spec = edit(demo / "campaign.toml", 'simulation = "demo"', 'simulation = ["./sim.sh"]')
         monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))

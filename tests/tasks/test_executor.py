@@ -188,11 +188,25 @@ class TestExecutableTasks:
         assert "cannot start '/no/such/solver'" in result.stderr_tail
 
     @pytest.mark.asyncio
-    async def test_stdout_that_is_not_json_gives_no_value(self) -> None:
+    async def test_stdout_that_is_not_json_is_a_bad_output_failure_keeping_stdout(self) -> None:
         async with AllocationExecutor.from_site(local_site()) as executor:
             result = await executor.submit(ExecutableTask(["echo", "hello"]))
-        assert result.status == "done"
+        assert (result.status, result.error_code, result.attempts) == ("failed", "bad_output", 1)
         assert result.value is None
+        assert "stdout is not JSON" in result.stderr_tail
+        assert "\nhello\n" in result.stderr_tail
+
+    @pytest.mark.asyncio
+    async def test_nan_is_not_json_either(self) -> None:
+        async with AllocationExecutor.from_site(local_site()) as executor:
+            result = await executor.submit(ExecutableTask(["echo", '{"value": NaN}']))
+        assert (result.status, result.error_code) == ("failed", "bad_output")
+
+    @pytest.mark.asyncio
+    async def test_empty_stdout_is_done_with_no_value(self) -> None:
+        async with AllocationExecutor.from_site(local_site()) as executor:
+            result = await executor.submit(ExecutableTask(["true"]))
+        assert (result.status, result.value) == ("done", None)
 
     @pytest.mark.asyncio
     async def test_a_nonzero_exit_is_a_failure_record_with_the_stderr_tail(self) -> None:
