@@ -5,7 +5,8 @@ Prefect OSS has no roles: whoever holds its one secret may do anything. Behind
 runs (Prefect reads with ``GET`` and with ``POST .../filter``, ``.../count``,
 ``.../paginate``) and resume a run (checked further by ``_identity_resume``). Never
 allowed, even as reads: run inputs (``/flow_runs/{id}/input...``: answers and one-time
-codes live there), blocks (credentials), variables, settings. Anything not listed is
+codes live there; only a waiting form's schema and description are shown), blocks
+(credentials), variables, settings. Anything not listed is
 refused (403), so a route a new Prefect adds is the owner's until it is listed here.
 
 Paths are matched below ``/api``. Nothing here imports Prefect.
@@ -75,6 +76,8 @@ APPROVER_POST: Final = tuple(
         r"/ui/schemas/validate",
     )
 )
+# The waiting form's own inputs: its JSON schema and its markdown (never "-response").
+FORM: Final = re.compile(rf"/flow_runs/{_ID}/input/(suspended|paused)-[^/]+-(schema|description)")
 RESUME: Final = re.compile(rf"/flow_runs/(?P<id>{_ID})/resume")
 # Streams an approver may read (the UI's live logs and events), and nothing else.
 APPROVER_SOCKETS: Final = frozenset({"/events/out", "/logs/out"})
@@ -90,8 +93,10 @@ def approver_access(method: str, path: str) -> Access:
     Deny by default: only the listed reads, and ``POST /flow_runs/{id}/resume``
     (which ``_identity_resume`` checks against the campaign's waiting request).
     """
-    if "/input" in path:  # run inputs are the answers: never an approver's to read
-        return "refused"
+    if "/input" in path:
+        # Run inputs hold the answers: never an approver's to read. The form a run waits
+        # with (its schema and description, written by the flow) is what the UI shows.
+        return "read" if method == "GET" and FORM.fullmatch(path) else "refused"
     if method in ("GET", "HEAD"):
         return "read" if any(p.fullmatch(path) for p in APPROVER_GET) else "refused"
     if method == "POST":

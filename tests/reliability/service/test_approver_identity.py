@@ -112,14 +112,18 @@ class TestWhatAnApproverMayNotDo:
     def test_reading_the_runs_answers_is_refused(self, waiting: Waiting) -> None:
         base = f"flow_runs/{waiting.flow_run_id}"
         assert waiting.call("alice", "GET", base).status_code == httpx.codes.OK
-        schema = waiting.call("alice", "GET", f"{base}/input/suspended-{KEY}-n0-schema")
-        listed = waiting.call("alice", "POST", f"{base}/input/filter", {"prefix": "suspended"})
+        # The form the UI shows (schema, description) is readable; an answer never is.
+        form = waiting.call("alice", "GET", f"{base}/input/suspended-{KEY}-n0-schema")
+        assert form.status_code == httpx.codes.OK
+        owner = waiting.call("owner", "POST", f"{base}/input", {"key": "x-response", "value": "1"})
+        assert owner.status_code == httpx.codes.CREATED  # an input only the owner may read
+        answer = waiting.call("alice", "GET", f"{base}/input/x-response")
+        listed = waiting.call("alice", "POST", f"{base}/input/filter", {"prefix": "x"})
 
-        assert schema.status_code == httpx.codes.FORBIDDEN
-        assert "approver_allowlist" in schema.json()["detail"]
+        assert answer.status_code == httpx.codes.FORBIDDEN
+        assert "approver_allowlist" in answer.json()["detail"]
         assert listed.status_code == httpx.codes.FORBIDDEN
-        owner = waiting.call("owner", "GET", f"{base}/input/suspended-{KEY}-n0-schema")
-        assert owner.status_code == httpx.codes.OK  # the owner still reads it
+        assert waiting.call("owner", "GET", f"{base}/input/x-response").status_code == 200
 
     def test_creating_a_run_or_setting_a_state_is_refused(self, waiting: Waiting) -> None:
         created = waiting.call(
