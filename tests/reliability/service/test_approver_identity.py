@@ -215,6 +215,21 @@ class TestLogins:
 
 
 class TestAnswerIsWhoLoggedIn:
+    def test_the_command_line_answering_as_another_approver_is_refused(
+        self,
+        waiting: Waiting,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        monkeypatch.setenv("PREFECT_API_AUTH_STRING", ":".join(waiting.logins["bob"]))
+        code = main(["approve", str(waiting.flow_run_id), "--as", "alice", "--no-wait"])
+
+        err = capsys.readouterr().err
+        assert code != 0
+        assert "approver_is_who_logged_in" in err, err
+        assert waiting.state() == ("PAUSED", f"{KEY}-n0")
+        assert [actor for _, actor, _ in waiting.events("answer_refused")] == ["alice", "bob"]
+
     def test_alices_answer_is_recorded_as_her_login_and_then_unreadable(
         self, waiting: Waiting
     ) -> None:
