@@ -294,9 +294,7 @@ def judge(
     stamp = str(getattr(answer, "authenticated_as", "") or "")
     if stamp.startswith(APPROVER_STAMP) and stamp.removeprefix(APPROVER_STAMP) != approver:
         # The server refuses this already; an answer stored past it is refused here too.
-        return Judgement(
-            "not_allowed", approver, answer.comment, None, refusal="not_who_logged_in"
-        )
+        return Judgement("not_allowed", approver, answer.comment, None, refusal="not_who_logged_in")
     if approver not in request.approvers:
         return Judgement("not_allowed", approver, answer.comment, None)
     proof = LOGIN_PROOF.get(stamp.partition(":")[0])

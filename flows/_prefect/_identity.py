@@ -41,7 +41,6 @@ from uuid import UUID
 
 from flows._prefect._identity_logins import ApproverLogins, Login, logins_path
 from flows._prefect._identity_resume import OWNER, check_resume, stamped
-from flows._prefect._server_main import _read_body
 from flows._prefect._identity_rules import (
     APPROVER_SOCKETS,
     OPEN,
@@ -190,7 +189,7 @@ class Identity:
             await self.app(scope, receive, send)
             return
         resume = RESUME.fullmatch(below)
-        assert resume is not None  # noqa: S101  # approver_access said "resume"
+        assert resume is not None  # approver_access said "resume"
         await self._resume(scope, receive, send, UUID(resume["id"]), name)
 
     async def _resume(
@@ -267,7 +266,7 @@ def _basic(scope: Scope) -> bytes | None:
 
 
 def _as_owner(scope: Scope, header: bytes) -> Scope:
-    """Return ``scope`` with the owner's credential in place of the approver's (for Prefect's check)."""
+    """Return ``scope`` with the owner's credential in place of the approver's."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
     return {**scope, "headers": [*headers, (b"authorization", header)]}
 
@@ -279,6 +278,19 @@ async def _answer(send: Any, status: int, message: str) -> None:
         headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """Return a resume's whole body (small JSON), or None when the client left first."""
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk: bytes = message.get("body", b"")
+        body += chunk
+        if not message.get("more_body", False):
+            return body
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -1,4 +1,4 @@
-"""An approver's resume, checked in the server: the campaign's current waiting run, a rule naming them.
+"""An approver's resume, checked in the server: the current waiting run, a rule naming them.
 
 ``flows._prefect._identity`` calls this for ``POST /api/flow_runs/{id}/resume`` sent
 with an approver's login. The run must be suspended, be its campaign's current run
@@ -76,7 +76,10 @@ async def _read_run(
 
     db = provide_database_interface()
     async with db.session_context() as session:
-        run = await models.flow_runs.read_flow_run(session=session, flow_run_id=flow_run_id)
+        # (Prefect's db_injector hides that these are coroutines from mypy.)
+        run = await models.flow_runs.read_flow_run(  # type: ignore[attr-defined]
+            session=session, flow_run_id=flow_run_id
+        )
         if run is None:
             return None
         state = run.state
@@ -85,7 +88,7 @@ async def _read_run(
         if run.deployment_id is None:
             return state_type, pause_key, None, dict(run.parameters or {}), None
         filters = schemas.filters
-        going = await models.flow_runs.read_flow_runs(
+        going = await models.flow_runs.read_flow_runs(  # type: ignore[attr-defined]
             session=session,
             flow_run_filter=filters.FlowRunFilter(
                 deployment_id=filters.FlowRunFilterDeploymentId(any_=[run.deployment_id]),

@@ -112,7 +112,7 @@ async def open_resume_form(
     logged_in: bool = False,
     login: str | None = None,
 ) -> Any:
-    """Log in (once per browser; ``login`` or the owner's), open the run page, Resume; return the dialog."""
+    """Log in (once; ``login`` or the owner's), open the run page, Resume; return the dialog."""
     from playwright.async_api import expect
 
     if not logged_in:

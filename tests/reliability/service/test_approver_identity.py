@@ -165,9 +165,9 @@ class TestOneLiveRunPerCampaign:
     def test_a_clone_with_identical_parameters_never_waits_on_the_request(
         self, waiting: Waiting
     ) -> None:
-        parameters = request(
-            client_env(waiting.server), "GET", f"flow_runs/{waiting.flow_run_id}"
-        )["parameters"]
+        parameters = request(client_env(waiting.server), "GET", f"flow_runs/{waiting.flow_run_id}")[
+            "parameters"
+        ]
         clone = waiting.call(
             "owner",
             "POST",
