@@ -67,6 +67,30 @@ async def check_resume(flow_run_id: UUID, name: str, run_input: Any) -> Refused 
     )
 
 
+async def stamp_admitted(flow_run_id: UUID) -> bool:
+    """Return whether the form ``flow_run_id`` waits with admits the server's stamp.
+
+    A form stored by an older version (a run suspended before the upgrade) has no
+    place for it: its answers go on unstamped (the flow then claims no login), rather
+    than being refused by the server's schema check.
+    """
+    from prefect.server import models
+    from prefect.server.database import provide_database_interface
+
+    db = provide_database_interface()
+    async with db.session_context() as session:
+        run = await models.flow_runs.read_flow_run(  # type: ignore[attr-defined]
+            session=session, flow_run_id=flow_run_id
+        )
+        keyset = run.state.state_details.run_input_keyset if run and run.state else None
+        if not keyset or "schema" not in keyset:
+            return False
+        stored = await models.flow_run_input.read_flow_run_input(  # type: ignore[attr-defined]
+            session=session, flow_run_id=flow_run_id, key=keyset["schema"]
+        )
+    return stored is not None and f'"^{STAMP}$"' in stored.value
+
+
 async def _read_run(
     flow_run_id: UUID,
 ) -> tuple[str, str, str | None, dict[str, Any], str | None] | None:

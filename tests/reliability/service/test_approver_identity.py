@@ -10,6 +10,7 @@ before the identity layer: every co-approver held the owner's one secret.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -245,6 +246,30 @@ class TestAnswerIsWhoLoggedIn:
             "owner", "GET", f"flow_runs/{waiting.flow_run_id}/input/suspended-{KEY}-n0-response"
         )
         assert answer.status_code == httpx.codes.NOT_FOUND  # read once by the flow, then deleted
+
+
+async def _socket_auth(server: ServerHandle, path: str, token: str) -> str:
+    """Open a websocket as Prefect's clients do (subprotocol, then an auth message)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    url = server.api_url.replace("http://", "ws://") + path
+    async with connect(url, subprotocols=["prefect"]) as socket:  # type: ignore[list-item]
+        await socket.send(json.dumps({"type": "auth", "token": token}))
+        try:
+            return str(json.loads(await asyncio.wait_for(socket.recv(), 60))["type"])
+        except ConnectionClosed as closed:
+            return f"closed {closed.rcvd.code if closed.rcvd else '?'}"
+
+
+class TestLiveStreams:
+    def test_an_approver_reads_the_event_stream_but_sends_no_events(self, waiting: Waiting) -> None:
+        login = ":".join(waiting.logins["bob"])
+        owner = waiting.server.auth_string or ""
+
+        assert asyncio.run(_socket_auth(waiting.server, "/events/out", login)) == "auth_success"
+        assert asyncio.run(_socket_auth(waiting.server, "/events/in", login)) == "closed 1008"
+        assert asyncio.run(_socket_auth(waiting.server, "/events/in", owner)) == "auth_success"
 
 
 class TestFailedLogins:
