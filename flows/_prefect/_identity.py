@@ -101,7 +101,7 @@ class Identity:
         self._owner_header = b"Basic " + base64.b64encode(self._owner)
         self._logins = ApproverLogins(logins)
         self._known: dict[str, Login] = {}
-        self._mtime: float | None = None
+        self._mtime: tuple[int, int, int] | None = None
         # Right logins by a keyed hash of the header: scrypt once per login, not per request.
         self._key = secrets.token_bytes(32)
         self._verified: dict[bytes, str] = {}
@@ -112,7 +112,10 @@ class Identity:
     def _reload(self) -> None:
         """Read the logins again when the file changed (or appeared, or went)."""
         try:
-            mtime: float | None = self._logins.path.stat().st_mtime_ns
+            found = self._logins.path.stat()
+            # Each write replaces the file (a new inode): two writes within one clock tick
+            # of the file system still differ.
+            mtime: tuple[int, int, int] | None = (found.st_ino, found.st_mtime_ns, found.st_size)
         except FileNotFoundError:
             mtime = None
         if mtime == self._mtime:
