@@ -12,7 +12,8 @@ moved the other's form. The rule, read from Prefect alone, the same in the flow
 The run the owner submitted is older than any clone made while it lives; the runner's
 continuation of a crashed (or forced-ended) run is made after that run ended, so it is
 the oldest still going. A run that is not current never suspends: it ends Cancelled,
-recorded as a ``clone_refused`` event in the campaign's provenance.
+recorded as a ``clone_refused`` event in the campaign's provenance, its message
+that of a fenced-out run (``fenced out: ...``), so no watchdog takes it for a person's cancel.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ async def refuse_clone() -> State[Any] | None:
     from prefect.context import FlowRunContext
     from prefect.states import Cancelled
 
+    from flows._prefect._endings import FENCED_PREFIX
+
     context = FlowRunContext.get()
     flow_run = context.flow_run if context else None
     if flow_run is None or flow_run.deployment_id is None:
@@ -98,7 +101,8 @@ async def refuse_clone() -> State[Any] | None:
     )
     get_run_logger().error("run refused (clone_refused): %s", message)
     _record_clone(deployment_id, flow_run_id, current)
-    return Cancelled(message=f"campaign refused (clone_refused): {message}")
+    # Said as a fenced-out run is: the runner's watchdog reads it as no person's cancel.
+    return Cancelled(message=f"{FENCED_PREFIX}: {message} (clone_refused)")
 
 
 def _record_clone(deployment_id: str, flow_run_id: str, current: str) -> None:
