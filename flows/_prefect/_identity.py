@@ -171,8 +171,7 @@ class Identity:
         if credential is None:
             await self.app(scope, receive, send)  # Prefect answers 401
             return
-        client = (scope.get("client") or ("?", 0))[0]
-        who = await self.caller(credential, client)
+        who = await self.caller(credential, _client(scope))
         if who == "blocked":
             await _answer(send, 429, "too many failed logins from this address; wait a second")
             return
@@ -257,8 +256,7 @@ class Identity:
             if not isinstance(auth, dict) or auth.get("type") != "auth":
                 return message
             token = str(auth.get("token") or "").encode("utf-8")
-            client = (scope.get("client") or ("?", 0))[0]
-            who = await self.caller(token, client) if token else None
+            who = await self.caller(token, _client(scope)) if token else None
             if who == OWNER:
                 return message
             if who is not None and who.startswith("approver:") and below in APPROVER_SOCKETS:
@@ -268,6 +266,17 @@ class Identity:
             return {"type": "websocket.receive", "text": json.dumps(auth)}
 
         return receive_checked
+
+
+def _client(scope: Scope) -> str:
+    """Return the address failed logins are counted against.
+
+    uvicorn trusts ``X-Forwarded-For`` from 127.0.0.1 and puts the address it names
+    in the scope: on a login node every local user connects from 127.0.0.1, so anyone
+    could name a new address per guess. Requests that name one share one count.
+    """
+    forwarded = any(key in (b"x-forwarded-for", b"forwarded") for key, _ in scope["headers"])
+    return "forwarded" if forwarded else str((scope.get("client") or ("?", 0))[0])
 
 
 def _basic(scope: Scope) -> bytes | None:

@@ -285,3 +285,19 @@ class TestFailedLogins:
         assert codes.count(httpx.codes.TOO_MANY_REQUESTS) >= 6, codes
         assert waiting.call("owner", "GET", f"flow_runs/{waiting.flow_run_id}").status_code == 200
         assert waiting.call("alice", "GET", f"flow_runs/{waiting.flow_run_id}").status_code == 200
+
+    def test_a_forwarded_address_per_guess_does_not_escape_the_limit(
+        self, waiting: Waiting
+    ) -> None:
+        url = f"{waiting.server.api_url}/flow_runs/{waiting.flow_run_id}"
+        codes = [
+            httpx.get(
+                url,
+                auth=("alice", f"wrong-{i}"),
+                headers={"X-Forwarded-For": f"10.0.0.{i}"},  # uvicorn trusts it from 127.0.0.1
+                timeout=60,
+            ).status_code
+            for i in range(12)
+        ]
+
+        assert codes.count(httpx.codes.TOO_MANY_REQUESTS) >= 6, codes
