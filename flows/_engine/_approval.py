@@ -50,6 +50,13 @@ class UnreadableAnswer:
         return f"the answer could not be read ({self.reason})"
 
 
+# The server's stamp of an approver's login (flows._prefect._identity_resume), and what an
+# allowed answer's proof says of it when the rule asks no one-time code: "login" (the
+# approver logged in as themselves) or "owner" (the owner's credential answered on the
+# approver's behalf: `unattended approve --as NAME`).
+APPROVER_STAMP = "approver:"
+LOGIN_PROOF = {"approver": "login", "owner": "owner"}
+
 # ``(approver, code, now) -> proof``: "totp ok", or why the code does not prove them.
 ProofCheck = Callable[[str, str, datetime], str]
 
@@ -283,9 +290,14 @@ def judge(
         return Judgement("timeout", approver, answer.comment, None)
     if isinstance(answer, UnreadableAnswer):
         return Judgement("not_allowed", approver, answer.comment, None, refusal="unreadable")
+    # Who the server authenticated ("approver:NAME", "owner"; "" on a server without logins).
+    stamp = str(getattr(answer, "authenticated_as", "") or "")
+    if stamp.startswith(APPROVER_STAMP) and stamp.removeprefix(APPROVER_STAMP) != approver:
+        # The server refuses this already; an answer stored past it is refused here too.
+        return Judgement("not_allowed", approver, answer.comment, None, refusal="not_who_logged_in")
     if approver not in request.approvers:
         return Judgement("not_allowed", approver, answer.comment, None)
-    proof = None
+    proof = LOGIN_PROOF.get(stamp.partition(":")[0])
     if request.require_proof:
         code = getattr(answer, "code", "") or ""
         try:

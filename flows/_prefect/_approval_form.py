@@ -22,13 +22,15 @@ records it rather than failing the run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from prefect.input import RunInput
 from pydantic import ConfigDict, Field, create_model, field_validator
 
-from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
+from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER, ApprovalRequest
+from flows._prefect._identity_resume import STAMP
 
 # A one-time code: six digits (the field), or none from the runner only (the schema).
 _CODE = r"^\s*[0-9]{6}\s*$"
@@ -38,6 +40,11 @@ _CODE_OR_NONE = r"^(\s*[0-9]{6}\s*)?$"
 def _shape_schema(schema: dict[str, Any], form: type[Approval]) -> None:
     """Shape the stored schema for the UI and the server (see the module docstring)."""
     properties: dict[str, Any] = schema.get("properties", {})
+    # Written by the server only (flows._prefect._identity_resume): never a field of the
+    # form, yet admitted when the server stamps it (patternProperties: the UI renders none).
+    stamp = properties.pop(STAMP, None)
+    if stamp is not None:
+        schema["patternProperties"] = {f"^{STAMP}$": {"type": "string", "maxLength": 120}}
     if not form._require_code:
         # A plain rule asks for no code: no field, and the server refuses one.
         properties.pop("code", None)
@@ -105,6 +112,8 @@ class Approval(RunInput):
     batch_size: int | None = Field(default=None, ge=1)
     code: str = Field(default="", max_length=8)
     candidates: list[int] | None = None  # empty or None: the whole batch
+    # Who the server authenticated: "approver:NAME" or "owner" ("": a server without logins).
+    authenticated_as: str = Field(default="", max_length=120)
 
     @field_validator("candidates", mode="before")
     @classmethod
@@ -207,3 +216,35 @@ def approval_form(
     form._require_code = require_code
     form._description = description  # read by RunInput.save
     return form
+
+
+# What the engine calls to wait for an answer (flows._engine._round.Suspender).
+Suspender = Callable[[ApprovalRequest, int], Awaitable[Any]]
+_log = logging.getLogger("unattended.campaign")
+
+
+def forget_answers(suspend: Suspender) -> Suspender:
+    """Return ``suspend`` that deletes each answer from the server once the flow has read it.
+
+    The answer (one-time code included) is then readable by nobody: not through
+    ``GET /api/flow_runs/{id}/input/...``, not by a later run. The flow judges and
+    records it from memory; a process killed between the two finds no answer on its
+    next try and reads it as unreadable (refused, recorded), so the run asks again.
+    """
+
+    async def suspend_and_forget(request: ApprovalRequest, refused: int) -> Any:
+        answer = await suspend(request, refused)
+        from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext
+
+        context = FlowRunContext.get()
+        if context is not None and context.flow_run is not None:
+            key = f"suspended-{request.pause_key(refused)}-response"
+            try:
+                async with get_client() as client:
+                    await client.delete_flow_run_input(context.flow_run.id, key)
+            except Exception as exc:  # noqa: BLE001  # gone already, or the server away: said
+                _log.warning("answer %s not deleted from the server (%s)", key, type(exc).__name__)
+        return answer
+
+    return suspend_and_forget

@@ -32,9 +32,10 @@ from flows._engine._notify import chain
 from flows._engine._registration import Registration, judge_run
 from flows._engine._round import CampaignResult, Hooks
 from flows._paths import approvers_dir, campaign_dir, state_dir_from
-from flows._prefect._approval_form import Approval, approval_form
+from flows._prefect._approval_form import Approval, approval_form, forget_answers
 from flows._prefect._artifacts import ui_observer
 from flows._prefect._connect import ui_url
+from flows._prefect._current_run import refuse_clone
 from flows._prefect._endings import record_failure
 from flows._prefect._logging import install_log_filters
 from flows._prefect._peer import guard_prefect_clients
@@ -161,7 +162,7 @@ def _event_logger() -> Callable[[str, Any], None]:
 @flow(name=FLOW_NAME, persist_result=False, log_prints=False, validate_parameters=True)
 async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | None = None) -> Any:
     """Run (or continue) one campaign, as its owner registered it (never as the run says)."""
-    refused = _refusal()
+    refused = _refusal() or await refuse_clone()
     if refused is not None:
         return refused
     try:
@@ -247,7 +248,7 @@ async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
             store,
             Hooks(
                 step=_as_task,
-                suspend=_suspend_for,
+                suspend=forget_answers(_suspend_for),
                 flow_run_id=flow_run_id,
                 on_event=chain(_event_logger(), ui_observer(loaded.spec.name, store, flow_run_id)),
             ),

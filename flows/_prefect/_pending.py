@@ -39,12 +39,10 @@ class PendingApproval:
     require_proof: bool = False
 
 
-def _find_approval(
-    parameters: Mapping[str, Any], key: str, env: Mapping[str, str] | None
-) -> tuple[LoadedSpec, ApprovalRow | None]:
-    """Return the run's spec and its approval ``key`` from the campaign's provenance."""
-    from flows._provenance._sqlite import open_read_only
-
+def provenance_location(
+    parameters: Mapping[str, Any], env: Mapping[str, str] | None
+) -> tuple[LoadedSpec, Any]:
+    """Return the run's spec and where its campaign's provenance database is (URL or folder)."""
     environment = os.environ if env is None else env
     # Its transcript and policy were checked and pinned at submission: the spec's own
     # fields name the site and the campaign, without loading the planners or CEL.
@@ -57,6 +55,16 @@ def _find_approval(
         if site.provenance_url is not None
         else campaign_dir(home, loaded.spec.name)
     )
+    return loaded, location
+
+
+def _find_approval(
+    parameters: Mapping[str, Any], key: str, env: Mapping[str, str] | None
+) -> tuple[LoadedSpec, ApprovalRow | None]:
+    """Return the run's spec and its approval ``key`` from the campaign's provenance."""
+    from flows._provenance._sqlite import open_read_only
+
+    loaded, location = provenance_location(parameters, env)
     with open_read_only(location) as store:
         return loaded, store.find_approval(key)
 

@@ -193,6 +193,10 @@ class Api:
                 time.sleep(_backoff(attempt, response.getheader("Retry-After")))
                 continue
             break
+        if response.status == 403 and raw.startswith(b"{"):
+            # The server's identity layer (flows._prefect._identity) says which rule refused.
+            why = str(json.loads(raw).get("detail") or "refused")
+            raise ServerError(f"the server refused: {why}", details={"status": 403})
         if response.status in (401, 403):
             raise ServerError(
                 f"the Prefect API refused the credentials ({response.status}); "

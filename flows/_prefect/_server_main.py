@@ -259,6 +259,7 @@ def main() -> None:
         PREFECT_SERVER_LOGGING_LEVEL,
     )
 
+    from flows._prefect._identity import with_identity
     from flows._settings import Settings
 
     # Checked by `unattended server start` before it starts this process.
@@ -275,7 +276,9 @@ def main() -> None:
         budget,
     )
     uvicorn.run(
-        RetryBusy(app, budget=budget, human_budget=settings.server_answer_retry_seconds),
+        with_identity(  # who calls: flows._prefect._identity
+            RetryBusy(app, budget=budget, human_budget=settings.server_answer_retry_seconds)
+        ),
         host=host,
         port=port,
         timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),

@@ -19,6 +19,7 @@ import pytest
 
 from flows._engine._proof import ApproverCodes
 from flows._paths import approvers_dir
+from flows._prefect._identity_logins import ApproverLogins, logins_path
 from flows._prefect._server import ServerHandle, flow_run_ui_url
 from flows._prefect._service import CampaignService, read_run, submit_campaign
 from flows._provenance import ProvenanceStore
@@ -109,12 +110,14 @@ async def open_resume_form(
     *,
     menu_shot: Path | None = None,
     logged_in: bool = False,
+    login: str | None = None,
 ) -> Any:
-    """Log in (once per browser), open the run page, Resume from its menu; return the dialog."""
+    """Log in (once; ``login`` or the owner's), open the run page, Resume; return the dialog."""
     from playwright.async_api import expect
 
     if not logged_in:
-        await expect(await log_in(page, server)).to_be_hidden(timeout=UI_TIMEOUT_MS)
+        field = await log_in(page, server, secret=login)
+        await expect(field).to_be_hidden(timeout=UI_TIMEOUT_MS)
     await page.goto(flow_run_ui_url(server.ui_url, run_id))
     await expect(page.get_by_text("Suspended").first).to_be_visible(timeout=UI_TIMEOUT_MS)
     await page.locator("main").get_by_role("button", name="Open menu").click()
@@ -236,8 +239,15 @@ class TestApproveInTheUI:
 
         name = "ui-approve"
         run_id, home, service = await suspended_campaign(tmp_path, name)
+        # alice logs in as herself (`unattended approvers add alice`), not with the owner's secret.
+        logins = ApproverLogins(logins_path(prefect_api.prefect_home))
+        login = f"alice:{logins.add('alice', replace=True, created_at='test')}"
         dialog = await open_resume_form(
-            browser_page, prefect_api, run_id, menu_shot=screenshot_dir / "approval-menu.png"
+            browser_page,
+            prefect_api,
+            run_id,
+            menu_shot=screenshot_dir / "approval-menu.png",
+            login=login,
         )
         decision = dialog.get_by_role("button", name="Select Decision")
         approver = dialog.get_by_role("button", name="Select Approver")
@@ -275,8 +285,10 @@ class TestApproveInTheUI:
         assert await state_of(run_id) == "COMPLETED"
         approval = approval_record(home, name)
         assert (approval.decision, approval.decided_by) == ("approved", "alice")
+        assert approval.events[-1].proof == "login"  # the server authenticated alice herself
         assert approval.comment == "exploit round looks sound"
         assert approval.flow_run_id == str(run_id)
+        logins.remove("alice")
 
 
 # A row as the Candidates select offers it: its #, coordinates, the verifier's prediction.
