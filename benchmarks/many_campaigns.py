@@ -150,9 +150,7 @@ def server_pid(env: dict[str, str]) -> int:
     """Return the Prefect server's pid, from the record the server wrote at its start."""
     import json
 
-    from flows._prefect._server import SERVER_PID_FILE
-
-    return int(json.loads(Path(env[SERVER_PID_FILE]).read_text())["pid"])
+    return int(json.loads((Path(env["PREFECT_HOME"]) / "server.pid").read_text())["pid"])
 
 
 def timeline(env: dict[str, str], run_id: str, submitted_at: float) -> str:

@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from flows._prefect._rest import request
 from flows._prefect._server import ServerConfig, client_env, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +65,8 @@ class Node:
 
     def runs(self) -> list[dict[str, Any]]:
         body = {"flow_runs": {"tags": {"all_": [f"campaign:{self.name}"]}}}
-        return list(httpx.post(f"{self.api}/flow_runs/filter", json=body, timeout=30).json())
+        # The project's REST client: the server's secret and its pinned certificate.
+        return list(request(self.env, "POST", "flow_runs/filter", body))
 
     def batch_of_round(self, index: int) -> bool:
         database = self.home / "campaigns" / self.name / "provenance.db"

@@ -199,7 +199,9 @@ def measure_side(
                 start_new_session=True,
             )
         auth = handle.basic_auth
-        with httpx.Client(base_url=handle.api_url + "/", auth=auth, timeout=60) as client:
+        with httpx.Client(
+            base_url=handle.api_url + "/", auth=auth, timeout=60, verify=handle.verify()
+        ) as client:
             waiting = paused_runs(client, args.resumes)
             for n in range(CAMPAIGNS):
                 spec = write_campaign(folder / f"c{n}", f"load-{n}", args.rounds, args.sim_seconds)

@@ -1,4 +1,4 @@
-"""``unattended server start|stop|status``: the local Prefect server on the login node.
+"""``unattended server start|stop|status|cert``: the local Prefect server on the login node.
 
 Registering imports nothing heavy; the handlers import ``flows._prefect._server``
 (httpx, psutil, pydantic — never Prefect itself, which runs in the child).
@@ -22,7 +22,9 @@ def register(subparsers: Any) -> None:
             "(default ~/.unattended)/prefect; UNATTENDED_SERVER_HOST, "
             "UNATTENDED_SERVER_PORT, UNATTENDED_PREFECT_DATABASE_URL and UNATTENDED_SERVER_AUTH "
             "set the defaults. The server requires basic authentication unless started with "
-            "--no-auth; its secret is <state dir>/prefect/api-auth (0600)."
+            "--no-auth; its secret is <state dir>/prefect/api-auth (0600). It speaks HTTPS with "
+            "a certificate of its own, <state dir>/prefect/tls/server.pem, which every client "
+            "pins ('server cert' shows it)."
         ),
     )
     actions = parser.add_subparsers(dest="server_action", metavar="ACTION")
@@ -51,6 +53,24 @@ def register(subparsers: Any) -> None:
 
     status = actions.add_parser("status", help="print URLs, PID and database; exit 1 if down")
     status.set_defaults(handler=_status)
+
+    cert = actions.add_parser(
+        "cert",
+        help="show the server's TLS certificate and its fingerprints (for co-approvers)",
+        description=(
+            "Print the path of the server's certificate, its SHA-256 fingerprint (compare it "
+            "with the one a co-approver's browser or copy shows) and the base64 SHA-256 of its "
+            "public key (Chromium's --ignore-certificate-errors-spki-list). The certificate is "
+            "made on the first 'server start' (or here, if missing) and kept for ten years."
+        ),
+    )
+    cert.add_argument(
+        "--renew",
+        action="store_true",
+        help="make a new key and certificate (the server must be stopped; hand the new "
+        "certificate to every co-approver)",
+    )
+    cert.set_defaults(handler=_cert)
 
     parser.set_defaults(handler=lambda _args: _usage(parser))
 
@@ -93,6 +113,10 @@ def _print_handle(handle: Any, config: Any) -> None:
     print(f"  UI:       {handle.ui_url}")
     print(f"  database: {handle.database}")
     print(f"  log:      {handle.log_path}")
+    if handle.cert_file is not None:
+        print(f"  TLS:      certificate {handle.cert_file} ('unattended server cert' shows it)")
+    else:
+        print("  TLS:      NONE (started by an older version): restart the server to turn it on")
     if handle.auth_string is not None:
         print(f"  auth:     basic; secret in {config.auth_path} (0600, never printed)")
     else:
@@ -123,3 +147,35 @@ def _status(args: argparse.Namespace) -> int:
     )
     _print_handle(handle, config)
     return 0 if status.healthy else 1
+
+
+def _cert(args: argparse.Namespace) -> int:
+    from flows._prefect._server import ServerError, running_server
+    from flows._prefect._tls import colon_hex, ensure_certificate, make_certificate
+
+    config = _config(args)
+    if args.renew:
+        handle = running_server(config)
+        if handle is not None:
+            raise ServerError(
+                f"the server runs (pid {handle.pid}) with the current certificate; stop it "
+                "first ('unattended serve --stop', 'unattended server stop'), renew, then start "
+                "both again",
+                details={"pid": handle.pid},
+            )
+        info = make_certificate(config.tls, config.host)
+        print("made a new key and certificate: hand the certificate to every co-approver again")
+    else:
+        info = ensure_certificate(config.tls, config.host)
+    print(f"certificate:  {info.path}")
+    print(f"key:          {config.tls.key} (0600, never copied)")
+    print(f"SHA-256:      {colon_hex(info.sha256)}")
+    print(f"SPKI SHA-256: {info.spki_sha256}")
+    print(f"names:        {', '.join(info.names)}")
+    print(f"valid:        {info.not_before:%Y-%m-%d} to {info.not_after:%Y-%m-%d}")
+    print(
+        "A co-approver copies the certificate over a private channel, checks that its SHA-256 "
+        "is the one above, and sets PREFECT_API_SSL_CERT_FILE to the copy; a Chromium user "
+        "may instead pass --ignore-certificate-errors-spki-list=<SPKI SHA-256>."
+    )
+    return 0

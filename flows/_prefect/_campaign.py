@@ -38,7 +38,6 @@ from flows._prefect._connect import ui_url
 from flows._prefect._current_run import refuse_clone
 from flows._prefect._endings import record_failure
 from flows._prefect._logging import install_log_filters
-from flows._prefect._peer import guard_prefect_clients
 from flows._prefect._server import flow_run_ui_url
 from flows._provenance import CampaignFenced, SpecChanged
 from flows._spec import load_campaign
@@ -59,10 +58,8 @@ __all__ = [
 
 FLOW_NAME = "unattended-campaign"
 
-# The flow-run process imports this module to find the flow: its log filters go in first,
-# and its Prefect clients send the secret only to the server this state directory started.
+# The flow-run process imports this module to find the flow: its log filters go in first.
 install_log_filters()
-guard_prefect_clients()
 
 
 async def _as_task(name: str, fn: Callable[[], Awaitable[Any]]) -> Any:

@@ -9,7 +9,9 @@ The local server's basic-auth secret comes with its client variables
 (``PREFECT_API_AUTH_STRING``), so every command, the runner it starts and the
 flow-run processes the runner spawns are authenticated without being told.
 ``PREFECT_API_KEY`` (Prefect Cloud's bearer key) is dropped then: beside an auth
-string some of Prefect's clients send the key and get 401.
+string some of Prefect's clients send the key and get 401. So does the server's
+certificate (``PREFECT_API_SSL_CERT_FILE``): every client pins it, so the secret
+goes to no process but the server holding its key (``flows._prefect._tls``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import sys
 from collections.abc import Callable, MutableMapping
 
 from flows._prefect._server import (
-    SERVER_PID_FILE,
     ServerConfig,
     ServerError,
     client_env,
@@ -71,7 +72,9 @@ def connect(
     else:
         # A server without auth: a secret left over from an earlier server must not linger.
         environment.pop("PREFECT_API_AUTH_STRING", None)
-        environment.pop(SERVER_PID_FILE, None)
+    if "PREFECT_API_SSL_CERT_FILE" not in variables:
+        # A server started without TLS (an older version): no other server's pin applies.
+        environment.pop("PREFECT_API_SSL_CERT_FILE", None)
     environment.update(variables)
     _refresh_prefect_settings()
     return handle.api_url

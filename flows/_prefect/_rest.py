@@ -12,6 +12,11 @@ Authentication follows Prefect's client: ``PREFECT_API_AUTH_STRING``
 (``user:password``) is sent as HTTP basic auth, else ``PREFECT_API_KEY`` as a
 bearer token. Call ``flows._prefect._connect.connect`` first: it sets
 ``PREFECT_API_URL``.
+
+TLS follows Prefect's client too: ``PREFECT_API_SSL_CERT_FILE`` is the only CA
+trusted (the local server's own certificate, ``flows._prefect._tls``), so a process
+that took a dead server's port fails the handshake and is sent no header at all;
+the command then says so instead of answering as if the server had.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from flows._prefect._peer import check_peer
 from flows._prefect._server import ServerError
+from flows._prefect._tls import client_context
 from policies import NotFound, UnattendedError
 
 # Tags every campaign run carries (``flows._prefect._service`` sets them).
@@ -122,7 +127,25 @@ def tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
     """Return the TLS context for an ``https://`` API, honouring Prefect's two TLS settings."""
     if env.get("PREFECT_API_TLS_INSECURE_SKIP_VERIFY", "").lower() in ("1", "true"):
         return ssl._create_unverified_context()  # noqa: S323  # the user asked for it, as in Prefect
-    return ssl.create_default_context(cafile=env.get("PREFECT_API_SSL_CERT_FILE") or None)
+    return client_context(env.get("PREFECT_API_SSL_CERT_FILE"))
+
+
+def _not_the_server(url: str, env: Mapping[str, str], exc: ssl.SSLError) -> ServerError:
+    """Return the error for a TLS handshake that failed: nothing was sent to ``url``."""
+    cert_file = env.get("PREFECT_API_SSL_CERT_FILE")
+    pinned = (
+        f"the certificate in PREFECT_API_SSL_CERT_FILE ({cert_file})"
+        if cert_file
+        else "a certificate trusted by this system (set PREFECT_API_SSL_CERT_FILE to the "
+        "server's certificate: 'unattended server cert' shows it)"
+    )
+    return ServerError(
+        f"the process answering at {url} did not prove it is the Prefect server of "
+        f"{pinned} (TLS handshake failed: {exc.reason or type(exc).__name__}); nothing was "
+        "sent to it. The server may be down and its port taken by another process: ask its "
+        "owner to check 'unattended server status'",
+        details={"api_url": url, "reason": str(exc.reason or type(exc).__name__)},
+    )
 
 
 class Api:
@@ -169,15 +192,16 @@ class Api:
         """
         payload = None if body is None else json.dumps(body).encode()
         for attempt in range(RETRIES + 1):
-            # Before every attempt: the server may have died since the last one, and the
-            # secret must not reach whoever took its port (PeerRefusedError says what to do).
-            check_peer(self.url, self._env)
             try:
+                # Over https the handshake comes first: headers go only to the key's holder.
                 self._connection.request(
                     method, f"{self._prefix}/{path}", body=payload, headers=self._headers
                 )
                 response = self._connection.getresponse()
                 raw = response.read()
+            except ssl.SSLError as exc:
+                self._connection.close()
+                raise _not_the_server(self.url, self._env, exc) from exc
             except (OSError, http.client.HTTPException) as exc:
                 self._connection.close()
                 if attempt < RETRIES and isinstance(

@@ -15,6 +15,12 @@ start and kept, so co-approvers' copies stay valid across restarts). A server
 started without it (``auth = false``, or by an older version whose PID file
 does not say) is used without credentials.
 
+The server speaks HTTPS with the state directory's own certificate
+(``flows._prefect._tls``), and every client pins it (``PREFECT_API_SSL_CERT_FILE``):
+the secret goes to no process but the one holding the key. A server started by a
+version without TLS (its PID file does not say ``tls``) is spoken to over HTTP until
+it is restarted.
+
 Nothing here imports Prefect: the CLI's ``server status`` stays fast.
 """
 
@@ -27,6 +33,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Mapping
@@ -45,6 +52,13 @@ from flows._paths import (
     read_private_file,
     write_private,
     write_private_file,
+)
+from flows._prefect._tls import (
+    SERVER_CERT_VARIABLE,
+    SERVER_KEY_VARIABLE,
+    CertificatePaths,
+    client_context,
+    ensure_certificate,
 )
 from flows._settings import Settings
 from policies import SpecInvalid, UnattendedError
@@ -88,8 +102,6 @@ UNUSED_SERVICES: Mapping[str, str] = {
 
 # The user half of the basic-auth string; the secret half is generated.
 AUTH_USER = "unattended"
-# Tells a client which server it may send the secret to (flows._prefect._peer).
-SERVER_PID_FILE = "UNATTENDED_SERVER_PID_FILE"
 
 _SQLITE_SCHEME = "sqlite+aiosqlite://"
 _POSTGRES_SCHEME = "postgresql+asyncpg://"
@@ -178,14 +190,19 @@ class ServerConfig(BaseModel):
         return self.prefect_home / "api-auth"
 
     @property
+    def tls(self) -> CertificatePaths:
+        """Return where the server's TLS key (0600) and certificate (0644) live."""
+        return CertificatePaths(self.prefect_home / "tls")
+
+    @property
     def api_url(self) -> str:
         """Return the API URL clients use."""
-        return f"http://{_url_host(self.host)}:{self.port}/api"
+        return f"{self.ui_url}/api"
 
     @property
     def ui_url(self) -> str:
         """Return the UI's URL."""
-        return f"http://{_url_host(self.host)}:{self.port}"
+        return _base_url(self.host, self.port, tls=True)
 
     def connection_url(self) -> str:
         """Return the database URL the server uses (may hold a password: do not print)."""
@@ -211,6 +228,16 @@ class ServerHandle:
     database: str  # redacted: safe to print
     # ``user:secret`` when the server requires basic auth; never printed or logged.
     auth_string: str | None = dataclasses.field(default=None, repr=False)
+    # The certificate clients pin; None for a server started without TLS (an older version).
+    cert_file: Path | None = None
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """Return what an HTTP client verifies the server with (httpx's ``verify=``).
+
+        A TLS context trusting this server's certificate only; True (the system's CAs,
+        unused over plain HTTP) for a server started without TLS.
+        """
+        return True if self.cert_file is None else client_context(self.cert_file)
 
     @property
     def basic_auth(self) -> tuple[str, str] | None:
@@ -305,7 +332,11 @@ def server_env(
     config: ServerConfig, base_env: Mapping[str, str], *, auth: str | None = None
 ) -> dict[str, str]:
     """Return the environment the server process runs with (``auth``: ``user:secret``)."""
-    env = {k: v for k, v in base_env.items() if not k.startswith("PREFECT_")}
+    env = {
+        k: v
+        for k, v in base_env.items()
+        if not k.startswith("PREFECT_") and k not in (SERVER_CERT_VARIABLE, SERVER_KEY_VARIABLE)
+    }
     env.update(
         {
             "PREFECT_HOME": str(config.prefect_home),
@@ -316,6 +347,11 @@ def server_env(
             "PREFECT_UI_URL": config.ui_url,
             "PREFECT_API_URL": config.api_url,
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": config.connection_url(),
+            # uvicorn serves TLS with these (flows._prefect._server_main); code in the
+            # server that calls its own API as a client pins the same certificate.
+            SERVER_CERT_VARIABLE: str(config.tls.cert),
+            SERVER_KEY_VARIABLE: str(config.tls.key),
+            "PREFECT_API_SSL_CERT_FILE": str(config.tls.cert),
             "PREFECT_LOCAL_STORAGE_PATH": str(config.storage_path),
             # No network on a login node: analytics would only time out.
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -354,10 +390,14 @@ def client_env(handle: ServerHandle) -> dict[str, str]:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
     }
+    if handle.cert_file is not None:
+        # The only CA trusted for the API (Prefect's HTTP client and websockets, _rest):
+        # a process on the port without the server's key fails the handshake before
+        # any header, the secret included, is sent. Verification stays on.
+        env["PREFECT_API_SSL_CERT_FILE"] = str(handle.cert_file)
+        env["PREFECT_API_TLS_INSECURE_SKIP_VERIFY"] = "false"
     if handle.auth_string is not None:
         env["PREFECT_API_AUTH_STRING"] = handle.auth_string
-        # The secret goes only to the process this file names (flows._prefect._peer).
-        env[SERVER_PID_FILE] = str(handle.prefect_home / "server.pid")
     return env
 
 
@@ -384,6 +424,7 @@ def start_server(
     for folder in (config.prefect_home, config.storage_path):
         private_dir(folder)
     auth = auth_string(config) if config.auth else None
+    ensure_certificate(config.tls, config.host)
     env = server_env(config, os.environ if base_env is None else base_env, auth=auth)
     # Prefect's app and uvicorn, as `prefect server start` runs them, behind a retry of
     # the busy-database 503 answers (flows._prefect._server_main).
@@ -400,7 +441,7 @@ def start_server(
             umask=PRIVATE_UMASK,  # its database, UI build and memo files stay private
         )
     _write_pid_file(config, process.pid)
-    handle = _handle(config, process.pid, auth)
+    handle = _handle(config, process.pid, auth, tls=True)
     if wait:
         try:
             _wait_healthy(handle, process, timeout)
@@ -415,7 +456,7 @@ def server_status(config: ServerConfig, *, probe_timeout: float = 2.0) -> Server
     handle = running_server(config)
     if handle is None:
         return ServerStatus(handle=None, healthy=False)
-    return ServerStatus(handle=handle, healthy=_is_healthy(handle.api_url, probe_timeout))
+    return ServerStatus(handle=handle, healthy=_is_healthy(handle, probe_timeout))
 
 
 def running_server(config: ServerConfig) -> ServerHandle | None:
@@ -424,9 +465,10 @@ def running_server(config: ServerConfig) -> ServerHandle | None:
     if record is None:
         return None
     started = _as_started(config, record)
-    # A PID file without "auth" was written by a version that never turned auth on.
+    # A PID file without "auth" was written by a version that never turned auth on;
+    # one without "tls" by a version whose server spoke plain HTTP.
     auth = auth_string(started) if record.get("auth") else None
-    return _handle(started, int(record["pid"]), auth)
+    return _handle(started, int(record["pid"]), auth, tls=bool(record.get("tls")))
 
 
 def stop_server(config: ServerConfig) -> bool:
@@ -449,20 +491,23 @@ def stop_server(config: ServerConfig) -> bool:
     return True
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+def _base_url(host: str, port: int, *, tls: bool) -> str:
+    where = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{where}:{port}"
 
 
-def _handle(config: ServerConfig, pid: int, auth: str | None) -> ServerHandle:
+def _handle(config: ServerConfig, pid: int, auth: str | None, *, tls: bool) -> ServerHandle:
+    ui_url = _base_url(config.host, config.port, tls=tls)
     return ServerHandle(
         pid=pid,
-        api_url=config.api_url,
-        ui_url=config.ui_url,
+        api_url=f"{ui_url}/api",
+        ui_url=ui_url,
         prefect_home=config.prefect_home,
         storage_path=config.storage_path,
         log_path=config.log_path,
         database=config.database_label(),
         auth_string=auth,
+        cert_file=config.tls.cert if tls else None,
     )
 
 
@@ -541,6 +586,7 @@ def _write_pid_file(config: ServerConfig, pid: int) -> None:
         "port": config.port,
         "database_url": config.database_label(),
         "auth": config.auth,  # whether; the secret itself stays in its own file
+        "tls": True,  # the server speaks HTTPS with <prefect home>/tls/server.pem
     }
     write_private(config.pid_path, json.dumps(record))
 
@@ -570,11 +616,12 @@ def _signal_group(pid: int, signum: signal.Signals) -> None:
         os.killpg(pid, signum)
 
 
-def _is_healthy(api_url: str, timeout: float) -> bool:
+def _is_healthy(handle: ServerHandle, timeout: float) -> bool:
+    """Return whether our server answers ``/health`` (over TLS: only the key's holder can)."""
     import httpx  # here: with its command line it costs 0.1-0.3 s, and connect() never probes
 
     try:
-        response = httpx.get(f"{api_url}/health", timeout=timeout)
+        response = httpx.get(f"{handle.api_url}/health", timeout=timeout, verify=handle.verify())
     except httpx.HTTPError:
         return False
     return response.status_code == httpx.codes.OK
@@ -589,7 +636,7 @@ def _wait_healthy(handle: ServerHandle, process: subprocess.Popen[bytes], timeou
                 f"see {handle.log_path}",
                 details={"returncode": process.returncode, "log": str(handle.log_path)},
             )
-        if _is_healthy(handle.api_url, timeout=1.0):
+        if _is_healthy(handle, timeout=1.0):
             return
         time.sleep(_HEALTH_POLL_SECONDS)
     raise ServerError(

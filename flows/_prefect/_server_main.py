@@ -260,6 +260,7 @@ def main() -> None:
     )
 
     from flows._prefect._identity import with_identity
+    from flows._prefect._tls import SERVER_CERT_VARIABLE, SERVER_KEY_VARIABLE
     from flows._settings import Settings
 
     # Checked by `unattended server start` before it starts this process.
@@ -285,6 +286,9 @@ def main() -> None:
         ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
         ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
         log_level=PREFECT_SERVER_LOGGING_LEVEL.value().lower(),
+        # HTTPS with the state directory's key (flows._prefect._tls; set by server_env).
+        ssl_keyfile=os.environ.get(SERVER_KEY_VARIABLE) or None,
+        ssl_certfile=os.environ.get(SERVER_CERT_VARIABLE) or None,
     )
 
 

@@ -56,7 +56,6 @@ from flows._engine._registration import (
 from flows._paths import HOME_VARIABLE, campaign_dir, private_dir, runner_dir, state_dir_from
 from flows._prefect import _rest as rest
 from flows._prefect._campaign import campaign_flow
-from flows._prefect._peer import guard_prefect_clients
 from flows._prefect._pending import PendingApproval, describe_pending
 from flows._prefect._recovery import Watchdog
 from flows._prefect._runner import (
@@ -72,10 +71,6 @@ from flows._prefect._runner import (
 from flows._prefect._submissions import Submitted, take_submissions, validate_submission
 from policies import NotFound, UnattendedError
 from tasks import load_site
-
-# Every Prefect client of this process (the runner's, the submission's) sends the secret
-# only to the server this state directory started.
-guard_prefect_clients()
 
 TAG = "unattended"
 ACTIVE_STATES = [
@@ -327,7 +322,7 @@ class CampaignService:
                     return
                 except Exception as exc:
                     # Prefect's runner gives up after a few failed polls in a row. A server
-                    # that died (or a port that another process took: flows._prefect._peer)
+                    # that died (or a port another process took: it fails the TLS handshake)
                     # is waited for, and served again once it is back; anything else is an
                     # error of its own.
                     if await self._server_answers():

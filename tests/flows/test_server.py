@@ -262,7 +262,9 @@ class TestStartServer:
 
     @pytest.mark.integration
     def test_the_ui_is_told_the_right_api_url(self, prefect_server: ServerHandle) -> None:
-        settings = httpx.get(f"{prefect_server.ui_url}/ui-settings", timeout=10).json()
+        settings = httpx.get(
+            f"{prefect_server.ui_url}/ui-settings", timeout=10, verify=prefect_server.verify()
+        ).json()
         assert settings["api_url"] == prefect_server.api_url
         # flow_run_ui_url links /v2/...: the default UI must be the v2 bundle at /v2.
         assert (settings["default_ui"], settings["v2_base_url"]) == ("v2", "/v2")

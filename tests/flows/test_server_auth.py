@@ -119,7 +119,12 @@ class TestConnect:
 @pytest.mark.integration
 class TestTheRealServer:
     def test_an_api_call_without_credentials_gets_401(self, prefect_server: ServerHandle) -> None:
-        response = httpx.post(f"{prefect_server.api_url}/flow_runs/filter", json={}, timeout=30)
+        response = httpx.post(
+            f"{prefect_server.api_url}/flow_runs/filter",
+            json={},
+            timeout=30,
+            verify=prefect_server.verify(),
+        )
         assert response.status_code == httpx.codes.UNAUTHORIZED
 
     def test_an_api_call_with_a_wrong_secret_gets_401(self, prefect_server: ServerHandle) -> None:
@@ -128,6 +133,7 @@ class TestTheRealServer:
             json={},
             auth=(AUTH_USER, "guessed"),
             timeout=30,
+            verify=prefect_server.verify(),
         )
         assert response.status_code == httpx.codes.UNAUTHORIZED
 
@@ -137,11 +143,14 @@ class TestTheRealServer:
             json={},
             auth=prefect_server.basic_auth,
             timeout=30,
+            verify=prefect_server.verify(),
         )
         assert response.status_code == httpx.codes.OK
 
     def test_the_ui_is_told_to_ask_for_the_secret(self, prefect_server: ServerHandle) -> None:
-        settings = httpx.get(f"{prefect_server.ui_url}/ui-settings", timeout=10).json()
+        settings = httpx.get(
+            f"{prefect_server.ui_url}/ui-settings", timeout=10, verify=prefect_server.verify()
+        ).json()
         assert settings["auth"] == "BASIC"
 
     def test_status_says_auth_is_on_without_printing_the_secret(

@@ -290,7 +290,12 @@ def test_the_real_server_answers_through_a_locked_database(prefect_server: Serve
     """Prefect answers 503 while another connection holds the write lock; no client sees it."""
     assert prefect_server.auth_string is not None
     user, secret = prefect_server.auth_string.split(":", 1)
-    api = httpx.Client(base_url=prefect_server.api_url, auth=(user, secret), timeout=60)
+    api = httpx.Client(
+        base_url=prefect_server.api_url,
+        auth=(user, secret),
+        timeout=60,
+        verify=prefect_server.verify(),
+    )
     flow = api.post("/flows/", json={"name": f"busy-{uuid.uuid4().hex[:8]}"}).json()
     answers: list[httpx.Response] = []
 

@@ -201,6 +201,7 @@ class TestResumeEndpoint:
         response = httpx.post(
             f"{prefect_server.api_url}/flow_runs/{suspended_run.id}/resume",
             auth=prefect_server.basic_auth,
+            verify=prefect_server.verify(),
             json={"run_input": {"approver": "ana", "decision": "approve"}},
         )
         body = response.json()
@@ -217,6 +218,7 @@ class TestResumeEndpoint:
         response = httpx.post(
             f"{prefect_server.api_url}/flow_runs/{shared_suspended_run.id}/resume",
             auth=prefect_server.basic_auth,
+            verify=prefect_server.verify(),
             json={"run_input": {"comment": "no name given"}},
         )
         body = response.json()
@@ -235,6 +237,7 @@ class TestResumeEndpoint:
         response = httpx.post(
             f"{prefect_server.api_url}/flow_runs/{suspended_run.id}/resume",
             auth=prefect_server.basic_auth,
+            verify=prefect_server.verify(),
             json={"run_input": {"approver": "ana"}},
         )
 

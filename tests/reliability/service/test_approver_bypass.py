@@ -65,6 +65,7 @@ class Suspended:
             json=body,
             auth=self.server.basic_auth,
             timeout=30,
+            verify=self.server.verify(),
         )
 
 
@@ -105,7 +106,12 @@ def _wait_for_schema(run: Suspended, pause_key: str) -> None:
     """Wait until the form's schema is stored: a resume sent before it is refused."""
     url = f"{run.server.api_url}/flow_runs/{run.flow_run_id}/input/suspended-{pause_key}-schema"
     for _ in range(300):
-        if httpx.get(url, auth=run.server.basic_auth, timeout=30).status_code == httpx.codes.OK:
+        if (
+            httpx.get(
+                url, auth=run.server.basic_auth, timeout=30, verify=run.server.verify()
+            ).status_code
+            == httpx.codes.OK
+        ):
             return
         asyncio.run(asyncio.sleep(0.1))
     raise AssertionError(f"no form schema for {pause_key}")

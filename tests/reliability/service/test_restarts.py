@@ -129,7 +129,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     keys = (
         "PREFECT_API_URL",
         "PREFECT_API_AUTH_STRING",
-        "UNATTENDED_SERVER_PID_FILE",  # the server the secret may go to (flows._prefect._peer)
+        "PREFECT_API_SSL_CERT_FILE",  # the server's certificate, pinned
+        "PREFECT_API_TLS_INSECURE_SKIP_VERIFY",
         "PREFECT_UI_URL",
         "PREFECT_HOME",
         "PREFECT_LOCAL_STORAGE_PATH",

@@ -1,0 +1,216 @@
+"""The server speaks TLS with its state directory's own certificate, and clients pin it.
+
+Unit tests of ``flows._prefect._tls`` on temporary folders, then the session's real
+server: HTTPS only, trusted through the certificate alone (not the system's CAs), the
+URLs and the UI's API URL ``https://``, and ``unattended server cert``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+import ssl
+import stat
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from flows._cli import main
+from flows._prefect._rest import request
+from flows._prefect._server import ServerConfig, ServerError, ServerHandle, client_env
+from flows._prefect._tls import (
+    CertificateError,
+    CertificatePaths,
+    colon_hex,
+    ensure_certificate,
+    make_certificate,
+    show_certificate,
+)
+
+pytestmark = pytest.mark.timeout(120, func_only=True)
+
+
+def _session_config(handle: ServerHandle) -> ServerConfig:
+    port = urlsplit(handle.api_url).port
+    assert port is not None
+    return ServerConfig(state_dir=handle.prefect_home.parent, port=port)
+
+
+def _cli_env(monkeypatch: pytest.MonkeyPatch, config: ServerConfig) -> None:
+    monkeypatch.setenv("UNATTENDED_HOME", str(config.state_dir))
+    monkeypatch.setenv("UNATTENDED_SERVER_PORT", str(config.port))
+
+
+class TestTheCertificate:
+    def test_first_use_makes_a_private_key_and_a_readable_certificate(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        info = ensure_certificate(paths, "127.0.0.1")
+        assert stat.S_IMODE(paths.key.stat().st_mode) == 0o600
+        assert stat.S_IMODE(paths.cert.stat().st_mode) == 0o644
+        assert stat.S_IMODE(paths.folder.stat().st_mode) == 0o700
+        assert info.names == ("127.0.0.1", "localhost")
+        assert (info.not_after - info.not_before).days >= 3650
+
+    def test_it_names_the_configured_host_too(self, tmp_path: Path) -> None:
+        info = make_certificate(CertificatePaths(tmp_path / "tls"), "login1.cluster.example")
+        assert info.names == ("127.0.0.1", "localhost", "login1.cluster.example")
+
+    def test_it_is_kept_across_uses_never_regenerated_by_itself(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        first = ensure_certificate(paths, "127.0.0.1")
+        assert ensure_certificate(paths, "localhost") == first
+        assert make_certificate(paths, "127.0.0.1").sha256 != first.sha256
+
+    def test_the_fingerprints_are_the_certificate_and_its_public_key(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        info = make_certificate(paths, "127.0.0.1")
+        certificate = x509.load_pem_x509_certificate(paths.cert.read_bytes())
+        der = ssl.PEM_cert_to_DER_cert(paths.cert.read_text())
+        spki = certificate.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        assert info.sha256 == hashlib.sha256(der).hexdigest().upper()
+        assert info.spki_sha256 == base64.b64encode(hashlib.sha256(spki).digest()).decode()
+        assert colon_hex("ABCD12") == "AB:CD:12"
+
+    def test_a_key_others_can_read_is_refused(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        make_certificate(paths, "127.0.0.1")
+        os.chmod(paths.key, 0o640)
+        with pytest.raises(CertificateError, match=r"readable by others \(mode 640\).*chmod 600"):
+            ensure_certificate(paths, "127.0.0.1")
+
+    def test_a_host_the_certificate_does_not_name_is_refused(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        make_certificate(paths, "127.0.0.1")
+        with pytest.raises(CertificateError, match=r"does not name host '10\.1\.2\.3'.*--renew"):
+            ensure_certificate(paths, "10.1.2.3")
+
+    def test_a_lost_key_is_said_not_silently_replaced(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        make_certificate(paths, "127.0.0.1")
+        paths.key.unlink()
+        with pytest.raises(CertificateError, match=r"TLS key .* is missing.*--renew"):
+            ensure_certificate(paths, "127.0.0.1")
+
+    def test_a_file_that_is_not_a_certificate_is_named(self, tmp_path: Path) -> None:
+        (tmp_path / "bad.pem").write_text("not a certificate\n")
+        with pytest.raises(CertificateError, match=r"cannot read the TLS certificate .*bad\.pem"):
+            show_certificate(tmp_path / "bad.pem")
+
+
+class TestClientEnvironment:
+    def test_clients_pin_the_servers_certificate(self, prefect_server: ServerHandle) -> None:
+        env = client_env(prefect_server)
+        assert env["PREFECT_API_URL"].startswith("https://127.0.0.1:")
+        assert env["PREFECT_UI_URL"].startswith("https://127.0.0.1:")
+        assert env["PREFECT_API_SSL_CERT_FILE"] == str(
+            prefect_server.prefect_home / "tls" / "server.pem"
+        )
+        assert env["PREFECT_API_TLS_INSECURE_SKIP_VERIFY"] == "false"
+
+
+@pytest.mark.integration
+class TestTheRealServer:
+    def test_it_answers_https_to_a_client_that_pins_its_certificate(
+        self, prefect_server: ServerHandle
+    ) -> None:
+        response = httpx.get(
+            f"{prefect_server.api_url}/health", timeout=10, verify=prefect_server.verify()
+        )
+        assert response.status_code == httpx.codes.OK
+
+    def test_a_client_trusting_only_the_systems_cas_is_refused(
+        self, prefect_server: ServerHandle
+    ) -> None:
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(f"{prefect_server.api_url}/health", timeout=10)
+
+    def test_plain_http_gets_no_answer(self, prefect_server: ServerHandle) -> None:
+        plain = prefect_server.api_url.replace("https://", "http://", 1)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{plain}/health", timeout=10)
+
+    def test_the_ui_calls_its_api_over_https(self, prefect_server: ServerHandle) -> None:
+        settings = httpx.get(
+            f"{prefect_server.ui_url}/ui-settings", timeout=10, verify=prefect_server.verify()
+        ).json()
+        assert settings["api_url"] == prefect_server.api_url
+        assert settings["api_url"].startswith("https://")
+
+    def test_the_rest_client_refuses_another_certificate_and_says_so(
+        self, prefect_server: ServerHandle, tmp_path: Path
+    ) -> None:
+        other = CertificatePaths(tmp_path / "other")
+        make_certificate(other, "127.0.0.1")
+        env = client_env(prefect_server) | {"PREFECT_API_SSL_CERT_FILE": str(other.cert)}
+        with pytest.raises(ServerError, match=r"did not prove it is the Prefect server") as caught:
+            request(env, "GET", "health")
+        assert "nothing was sent" in caught.value.message
+
+    def test_the_handshake_is_made_by_the_key_only_the_server_holds(
+        self, prefect_server: ServerHandle
+    ) -> None:
+        port = urlsplit(prefect_server.api_url).port
+        context = prefect_server.verify()
+        assert isinstance(context, ssl.SSLContext)
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            served = tls.getpeercert(binary_form=True)
+        pinned = ssl.PEM_cert_to_DER_cert(
+            (prefect_server.prefect_home / "tls/server.pem").read_text()
+        )
+        assert served == pinned
+
+
+@pytest.mark.integration
+class TestServerCertCommand:
+    def test_it_shows_path_fingerprint_and_spki_hash(
+        self,
+        prefect_server: ServerHandle,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        config = _session_config(prefect_server)
+        _cli_env(monkeypatch, config)
+        assert main(["server", "cert"]) == 0
+        out = capsys.readouterr().out
+        info = show_certificate(config.tls.cert)
+        assert f"certificate:  {config.tls.cert}" in out
+        assert f"SHA-256:      {colon_hex(info.sha256)}" in out
+        assert f"SPKI SHA-256: {info.spki_sha256}" in out
+
+    def test_renewing_under_a_running_server_is_refused(
+        self,
+        prefect_server: ServerHandle,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        config = _session_config(prefect_server)
+        before = show_certificate(config.tls.cert)
+        _cli_env(monkeypatch, config)
+        assert main(["server", "cert", "--renew"]) != 0
+        assert f"the server runs (pid {prefect_server.pid})" in capsys.readouterr().err
+        assert show_certificate(config.tls.cert) == before
+
+    def test_renewing_a_stopped_servers_certificate_makes_a_new_key(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        config = ServerConfig(state_dir=tmp_path / "home", port=4399)
+        _cli_env(monkeypatch, config)
+        assert main(["server", "cert"]) == 0
+        first = show_certificate(config.tls.cert)
+        assert main(["server", "cert", "--renew"]) == 0
+        assert "hand the certificate to every co-approver again" in capsys.readouterr().out
+        assert show_certificate(config.tls.cert).sha256 != first.sha256
