@@ -4,7 +4,9 @@
 serves the pages under test).
 ``chromium`` finds ``/usr/bin/chromium``; when it is missing it tries apt-get
 (Playwright's own browser download does not work offline), and skips loudly only
-if that fails. ``browser_page`` opens a fresh profile per test and closes it.
+if that fails. ``browser_page`` opens a fresh profile per test and closes it; it
+trusts the server's certificate as a user does (docs/server.md): by the SPKI hash
+``unattended server cert`` prints, passed as ``--ignore-certificate-errors-spki-list``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 from flows._prefect._server import ServerHandle
+from flows._prefect._tls import show_certificate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: apt_get
 
@@ -63,8 +66,13 @@ def prefect_api(prefect_server: ServerHandle) -> ServerHandle:
 
 
 @pytest_asyncio.fixture
-async def browser_page(chromium: Path, tmp_path: Path) -> AsyncIterator[Any]:
+async def browser_page(
+    chromium: Path, tmp_path: Path, prefect_api: ServerHandle
+) -> AsyncIterator[Any]:
     """Yield a page of headless Chromium with a fresh profile; close it after."""
+    assert prefect_api.cert_file is not None
+    # Pinned, not "ignore every error": only the server's own key is accepted.
+    spki = show_certificate(prefect_api.cert_file).spki_sha256
     async_api = pytest.importorskip(
         "playwright.async_api",
         reason="BROWSER TESTS SKIPPED: `pip install playwright` (the test extra needs it)",
@@ -73,7 +81,7 @@ async def browser_page(chromium: Path, tmp_path: Path) -> AsyncIterator[Any]:
         context = await playwright.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),
             executable_path=str(chromium),
-            args=list(CHROMIUM_ARGS),
+            args=[*CHROMIUM_ARGS, f"--ignore-certificate-errors-spki-list={spki}"],
             headless=True,
             viewport=_VIEWPORT,
         )
