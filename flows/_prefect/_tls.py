@@ -32,10 +32,13 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from flows._paths import private_dir, write_private_file
 from policies import UnattendedError
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 # Ten years: a certificate every co-approver copied must not expire under a campaign.
 VALIDITY_DAYS: Final = 3650
@@ -155,8 +158,13 @@ def make_certificate(paths: CertificatePaths, host: str) -> CertificateInfo:
         .not_valid_before(now - datetime.timedelta(minutes=5))  # clocks a little apart
         .not_valid_after(now + datetime.timedelta(days=VALIDITY_DAYS))
         .add_extension(x509.SubjectAlternativeName(san), critical=False)
-        # Its own trust anchor: a CA that may sign nothing but itself.
+        # Its own trust anchor (a browser may import it as an authority), and one that
+        # could vouch for nothing but these names even if its key were stolen.
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.NameConstraints(permitted_subtrees=_subtrees(names), excluded_subtrees=None),
+            critical=True,
+        )
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -246,6 +254,15 @@ def _is_ip(name: str) -> bool:
 def _name_of(host: str) -> str:
     """Return ``host`` as the certificate spells it (an IP address in its canonical form)."""
     return str(ipaddress.ip_address(host)) if _is_ip(host) else host.lower()
+
+
+def _subtrees(names: tuple[str, ...]) -> list[x509.GeneralName]:
+    from cryptography import x509
+
+    return [
+        x509.IPAddress(ipaddress.ip_network(name)) if _is_ip(name) else x509.DNSName(name)
+        for name in names
+    ]
 
 
 def _names(host: str) -> tuple[str, ...]:
