@@ -13,6 +13,7 @@ import os
 import socket
 import ssl
 import stat
+import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -103,6 +104,85 @@ class TestTheCertificate:
         (tmp_path / "bad.pem").write_text("not a certificate\n")
         with pytest.raises(CertificateError, match=r"cannot read the TLS certificate .*bad\.pem"):
             show_certificate(tmp_path / "bad.pem")
+
+
+def _leaf_signed_by(paths: CertificatePaths, name: str, folder: Path) -> tuple[Path, Path]:
+    """Return a key and a certificate for ``name`` signed with the server's key (a stolen key)."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    issuer = x509.load_pem_x509_certificate(paths.cert.read_bytes())
+    issuer_key = serialization.load_pem_private_key(paths.key.read_bytes(), password=None)
+    assert isinstance(issuer_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, name)]))
+        .issuer_name(issuer.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .sign(issuer_key, hashes.SHA256())
+    )
+    key_file, cert_file = folder / "leaf.key", folder / "leaf.pem"
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    cert_file.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    return key_file, cert_file
+
+
+def _handshake(pinned: Path, key_file: Path, cert_file: Path, name: str) -> None:
+    """Run one TLS handshake: a server with ``cert_file``, a client pinning ``pinned``."""
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(cert_file, key_file)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        errors: list[BaseException] = []
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            try:
+                server_side.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError) as exc:
+                errors.append(exc)
+                conn.close()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+                ssl.create_default_context(cafile=pinned).wrap_socket(raw, server_hostname=name),
+            ):
+                pass
+        finally:
+            thread.join(10)
+
+
+class TestNameConstraint:
+    def test_a_certificate_its_key_signs_for_another_name_is_refused(self, tmp_path: Path) -> None:
+        paths = CertificatePaths(tmp_path / "tls")
+        make_certificate(paths, "127.0.0.1")
+        key_file, cert_file = _leaf_signed_by(paths, "bank.example", tmp_path)
+        with pytest.raises(ssl.SSLCertVerificationError, match="permitted subtree violation"):
+            _handshake(paths.cert, key_file, cert_file, "bank.example")
+
+    def test_one_it_signs_for_its_own_name_would_pass(self, tmp_path: Path) -> None:
+        """The control: the refusal above is the constraint, not a malformed chain."""
+        paths = CertificatePaths(tmp_path / "tls")
+        make_certificate(paths, "127.0.0.1")
+        key_file, cert_file = _leaf_signed_by(paths, "localhost", tmp_path)
+        _handshake(paths.cert, key_file, cert_file, "localhost")
 
 
 class TestClientEnvironment:
