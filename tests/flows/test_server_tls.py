@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import socket
 import ssl
@@ -18,13 +19,21 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from flows._cli import main
 from flows._prefect._rest import request
-from flows._prefect._server import ServerConfig, ServerError, ServerHandle, client_env
+from flows._prefect._server import (
+    ServerConfig,
+    ServerError,
+    ServerHandle,
+    client_env,
+    running_server,
+    server_env,
+)
 from flows._prefect._tls import (
     CertificateError,
     CertificatePaths,
@@ -186,6 +195,26 @@ class TestNameConstraint:
 
 
 class TestClientEnvironment:
+    def test_the_server_is_given_its_key_and_certificate(self, tmp_path: Path) -> None:
+        config = ServerConfig(state_dir=tmp_path)
+        env = server_env(config, {"UNATTENDED_SERVER_TLS_KEY": "/elsewhere/key"})
+        assert env["UNATTENDED_SERVER_TLS_KEY"] == str(config.tls.key)
+        assert env["UNATTENDED_SERVER_TLS_CERT"] == str(config.tls.cert)
+        assert env["PREFECT_UI_API_URL"] == config.api_url
+        assert config.api_url.startswith("https://127.0.0.1:")
+
+    def test_a_pid_file_from_before_tls_means_a_plain_http_server(self, tmp_path: Path) -> None:
+        """The upgrade path: a server an older version started is spoken to as it is."""
+        config = ServerConfig(state_dir=tmp_path)
+        config.prefect_home.mkdir(parents=True)
+        started = psutil.Process(os.getpid()).create_time()
+        config.pid_path.write_text(json.dumps({"pid": os.getpid(), "create_time": started}))
+        handle = running_server(config)
+        assert handle is not None
+        assert handle.api_url.startswith("http://127.0.0.1:")
+        assert handle.cert_file is None
+        assert "PREFECT_API_SSL_CERT_FILE" not in client_env(handle)
+
     def test_clients_pin_the_servers_certificate(self, prefect_server: ServerHandle) -> None:
         env = client_env(prefect_server)
         assert env["PREFECT_API_URL"].startswith("https://127.0.0.1:")

@@ -217,6 +217,7 @@ def finished(
         "sampler": sampler,
         "api": client_env(prefect_server),
         "server_pid": prefect_server.pid,
+        "server_key": prefect_server.prefect_home / "tls" / "server.key",
         "flow_run_id": str(submitted.flow_run_id),
     }
 
@@ -259,6 +260,18 @@ class TestCanary:
         out = capsys.readouterr()
         assert NAME in out.out
         assert CANARY not in out.out + out.err
+
+    def test_the_servers_tls_key_is_private_and_in_no_output(
+        self, finished: dict[str, Any]
+    ) -> None:
+        """The key that makes the server the server: 0600, never copied into a log or state."""
+        key_file: Path = finished["server_key"]
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        key = "".join(key_file.read_text().splitlines()[1:-1])  # the PEM body, one line
+        files = [p for p in finished["home"].rglob("*") if p.is_file()] + [finished["log"]]
+        leaked = [str(p) for p in files if key.encode() in p.read_bytes().replace(b"\n", b"")]
+        assert leaked == []
+        assert key not in api_outputs(finished["api"], finished["flow_run_id"])
 
     def test_the_provenance_file_is_private(self, finished: dict[str, Any]) -> None:
         database = finished["home"] / "campaigns" / NAME / "provenance.db"
