@@ -46,15 +46,19 @@ from flows._prefect._tls import (
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
 
-def _session_config(handle: ServerHandle) -> ServerConfig:
-    port = urlsplit(handle.api_url).port
-    assert port is not None
-    return ServerConfig(state_dir=handle.prefect_home.parent, port=port)
-
-
 def _cli_env(monkeypatch: pytest.MonkeyPatch, config: ServerConfig) -> None:
     monkeypatch.setenv("UNATTENDED_HOME", str(config.state_dir))
     monkeypatch.setenv("UNATTENDED_SERVER_PORT", str(config.port))
+
+
+@pytest.fixture
+def owner_shell(prefect_server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> ServerConfig:
+    """Point the CLI at the session's server, as its owner's shell is; return its config."""
+    port = urlsplit(prefect_server.api_url).port
+    assert port is not None
+    config = ServerConfig(state_dir=prefect_server.prefect_home.parent, port=port)
+    _cli_env(monkeypatch, config)
+    return config
 
 
 class TestTheCertificate:
@@ -283,13 +287,9 @@ class TestTheRealServer:
 @pytest.mark.integration
 class TestServerCertCommand:
     def test_it_shows_path_fingerprint_and_spki_hash(
-        self,
-        prefect_server: ServerHandle,
-        monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str],
+        self, owner_shell: ServerConfig, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        config = _session_config(prefect_server)
-        _cli_env(monkeypatch, config)
+        config = owner_shell
         assert main(["server", "cert"]) == 0
         out = capsys.readouterr().out
         info = show_certificate(config.tls.cert)
@@ -299,16 +299,14 @@ class TestServerCertCommand:
 
     def test_renewing_under_a_running_server_is_refused(
         self,
+        owner_shell: ServerConfig,
         prefect_server: ServerHandle,
-        monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str],
     ) -> None:
-        config = _session_config(prefect_server)
-        before = show_certificate(config.tls.cert)
-        _cli_env(monkeypatch, config)
+        before = show_certificate(owner_shell.tls.cert)
         assert main(["server", "cert", "--renew"]) != 0
         assert f"the server runs (pid {prefect_server.pid})" in capsys.readouterr().err
-        assert show_certificate(config.tls.cert) == before
+        assert show_certificate(owner_shell.tls.cert) == before
 
     def test_renewing_a_stopped_servers_certificate_makes_a_new_key(
         self,
