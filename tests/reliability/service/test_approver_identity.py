@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,12 @@ class Waiting:
     def call(self, who: str, method: str, path: str, body: Any = None) -> httpx.Response:
         auth = self.server.basic_auth if who == "owner" else self.logins[who]
         return httpx.request(
-            method, f"{self.server.api_url}/{path}", json=body, auth=auth, timeout=60
+            method,
+            f"{self.server.api_url}/{path}",
+            json=body,
+            auth=auth,
+            timeout=60,
+            verify=self.server.verify(),
         )
 
     def events(self, kind: str) -> list[tuple[Any, ...]]:
@@ -253,8 +259,13 @@ async def _socket_auth(server: ServerHandle, path: str, token: str) -> str:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    url = server.api_url.replace("http://", "ws://") + path
-    async with connect(url, subprotocols=["prefect"]) as socket:  # type: ignore[list-item]
+    url = server.api_url.replace("https://", "wss://").replace("http://", "ws://") + path
+    tls = server.verify()  # the server's own certificate, pinned
+    async with connect(
+        url,
+        subprotocols=["prefect"],  # type: ignore[list-item]
+        ssl=tls if isinstance(tls, ssl.SSLContext) else None,
+    ) as socket:
         await socket.send(json.dumps({"type": "auth", "token": token}))
         try:
             return str(json.loads(await asyncio.wait_for(socket.recv(), 60))["type"])
@@ -278,7 +289,10 @@ class TestFailedLogins:
     ) -> None:
         url = f"{waiting.server.api_url}/flow_runs/{waiting.flow_run_id}"
         codes = [
-            httpx.get(url, auth=("alice", f"wrong-{i}"), timeout=60).status_code for i in range(12)
+            httpx.get(
+                url, auth=("alice", f"wrong-{i}"), timeout=60, verify=waiting.server.verify()
+            ).status_code
+            for i in range(12)
         ]
 
         assert codes[0] == httpx.codes.UNAUTHORIZED
@@ -296,6 +310,7 @@ class TestFailedLogins:
                 auth=("alice", f"wrong-{i}"),
                 headers={"X-Forwarded-For": f"10.0.0.{i}"},  # uvicorn trusts it from 127.0.0.1
                 timeout=60,
+                verify=waiting.server.verify(),
             ).status_code
             for i in range(12)
         ]
