@@ -245,6 +245,16 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+def _make_private(root: str) -> None:
+    """Make every folder under ``root`` 0700 and every file 0600 (symlinks left alone)."""
+    for folder, _, files in os.walk(root):
+        os.chmod(folder, 0o700)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
+
+
 def main() -> None:
     """Serve Prefect's app as ``prefect server start`` would, behind ``RetryBusy``."""
     import prefect
@@ -268,6 +278,12 @@ def main() -> None:
     budget = settings.server_busy_retry_seconds
     host, port = PREFECT_SERVER_API_HOST.value(), PREFECT_SERVER_API_PORT.value()
     app = create_app(final=True, webserver_only=False)
+    # create_app copies Prefect's UI bundle into the state directory with the modes of
+    # the installation (0755 folders): nothing secret, but a state directory is private
+    # all through, so the copy is made private like the rest.
+    static = os.environ.get("PREFECT_SERVER_UI_STATIC_DIRECTORY")
+    if static:
+        _make_private(static)
     # The server's log says what serves it (at WARNING: the level the server logs at).
     _log.warning(
         "Prefect %s server on %s:%s, a busy database's 503 run again in the server for up to %g s",
