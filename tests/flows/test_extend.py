@@ -125,8 +125,9 @@ class TestCheckSaysWhatSubmitSays:
             assert main([command, str(spec)]) == 2
             said.append(capsys.readouterr().err)
         assert said[0].splitlines()[0] == said[1].splitlines()[0]
-        assert "field 'seed': campaign 'seeded' is recorded with another spec: seed (7 -> 8)" in (
-            said[1]
+        assert (
+            "field 'seed': campaign 'seeded' is recorded with another spec: seed (7 -> 8)"
+            in said[1]
         )
 
     def test_an_extension_checks_out_and_says_so(
