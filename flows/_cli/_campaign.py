@@ -178,6 +178,7 @@ def _check(args: argparse.Namespace) -> int:
 
     from flows._check import check_campaign
     from flows._cli._exit import EXIT_BAD_INPUT
+    from flows._cli._words import count
 
     if args.json:
         return _check_json(args)
@@ -185,14 +186,14 @@ def _check(args: argparse.Namespace) -> int:
     if report.checked is None:
         for problem in report.problems:
             print(f"error: {problem.text}", file=sys.stderr)
-        print(f"{len(report.problems)} problem(s) found", file=sys.stderr)
+        print(f"{count(len(report.problems), 'problem')} found", file=sys.stderr)
         return EXIT_BAD_INPUT
     checked = report.checked
     spec = checked.loaded.spec
-    rules = f"{checked.rules} policy rule(s)" if checked.rules else "no policy rules (allowed)"
+    rules = count(checked.rules, "policy rule") if checked.rules else "no policy rules (allowed)"
     print(
-        f"ok: campaign {spec.name}: {spec.rounds} round(s) of {spec.batch_size} on site "
-        f"{checked.site.name}, {rules}; the simulation and the first fallback batch check out"
+        f"ok: campaign {spec.name}: {count(spec.rounds, 'round')} of {spec.batch_size} on "
+        f"site {checked.site.name}, {rules}; the simulation and the first fallback batch check out"
     )
     if checked.extension:
         from flows._spec_changes import describe_extension

@@ -100,7 +100,17 @@ def database_locations(db: str | None, campaign: str | None, env: Mapping[str, s
         root = state_dir_from(None, env)
     campaigns = root / "campaigns"
     if campaign is not None:
-        return [str(campaigns / campaign / "provenance.db")]
+        database = campaigns / campaign / "provenance.db"
+        if not database.exists():
+            from policies import NotFound
+
+            raise NotFound(
+                f"no campaign named {campaign} in {root} (no {database}); 'unattended inspect' "
+                "lists the campaigns there, and --db URL reads one recorded elsewhere "
+                "(its site's provenance_url)",
+                details={"campaign": campaign, "path": str(database)},
+            )
+        return [str(database)]
     return [str(p) for p in sorted(campaigns.glob("*/provenance.db"))] or [str(campaigns)]
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flows._cli._records import open_read_only
+from flows._cli._words import count
 
 
 class _PipedConsole(Console):
@@ -123,8 +124,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     rate = "-" if t["acceptance_rate"] is None else f"{t['acceptance_rate']:.1%}"
     console.print(
         Text(
-            f"{t['rounds']} rounds, {t['gate_calls']} gate calls, {t['attempts']} attempts; "
-            f"acceptance rate {rate} of gate calls; {t['fallbacks']} fallbacks; "
+            f"{count(t['rounds'], 'round')}, {count(t['gate_calls'], 'gate call')}, "
+            f"{count(t['attempts'], 'attempt')}; acceptance rate {rate} of gate calls; "
+            f"{count(t['fallbacks'], 'fallback')}; "
             f"dispositions {_cell(t['dispositions'])}"
         )
     )

@@ -589,6 +589,8 @@ def show_runs(*, as_json: bool = False) -> int:
         return 0
     if not found:
         print("no campaign runs")
+    else:
+        print(f"{'flow run':<36}  {'campaign':<24} {'state':<12} UI")
     for run, note in listed:
         print(f"{run.id}  {run.campaign:<24} {run.state_name:<12} {_run_link(run.id)}")
         if note:

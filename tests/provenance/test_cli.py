@@ -55,6 +55,20 @@ class TestInspect:
         assert "acceptance rate 100.0% of gate calls" in out
         assert "Best result: 0.5 in round 1" in out
 
+    def test_the_summary_counts_in_words_one_round_one_fallback(
+        self, tmp_path: Path, record_campaign: Any, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with ProvenanceStore.open(tmp_path / "one") as store:
+            record_campaign(store, "one", rounds=1)
+            call = store.record_gate_call(
+                "one", 0, 1, gate="planner", budget=3, fallback_hash="h", fallback_value=[[0.5]]
+            )
+            store.finish_gate_call(call, "fallback", 0)
+        code, out, _ = _run(capsys, "inspect", "one", "--db", str(tmp_path / "one"))
+        assert code == 0
+        assert "1 round, 2 gate calls, 2 attempts; " in out
+        assert "; 1 fallback; " in out
+
     def test_the_json_summary_has_the_totals(
         self, state: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
