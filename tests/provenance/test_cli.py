@@ -127,6 +127,51 @@ class TestInspect:
         assert "[red]x[/red]" in out
 
 
+class TestWidth:
+    """``inspect`` fits a 100-column terminal; ``--wide`` and ``--json`` keep everything."""
+
+    @pytest.mark.parametrize(
+        "argv",
+        [[], ["demo"], ["demo", "--round", "0"], ["demo", "--round", "1"]],
+        ids=["list", "summary", "round0", "round1"],
+    )
+    def test_no_line_is_wider_than_100_columns(
+        self,
+        argv: list[str],
+        state: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        for columns in ("100", None):  # a 100-column terminal, or piped (no COLUMNS)
+            if columns is None:
+                monkeypatch.delenv("COLUMNS")
+            else:
+                monkeypatch.setenv("COLUMNS", columns)
+            code, out, _ = _run(capsys, "inspect", *argv)
+            assert code == 0
+            assert max(len(line) for line in out.splitlines()) <= 100
+
+    def test_cells_are_summaries_and_wide_shows_the_values(
+        self, state: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("COLUMNS", "100")
+        _, narrow, _ = _run(capsys, "inspect", "demo", "--round", "0")
+        monkeypatch.delenv("COLUMNS")
+        _, wide, _ = _run(capsys, "inspect", "demo", "--round", "0", "--wide")
+        assert '{"x":[9.0]}' not in narrow  # an attempt's value is summarised
+        assert "x [9]" in narrow
+        assert "bounds failed; 1 passed" in narrow
+        assert '{"x":[9.0]}' in wide
+        assert "bounds: FAIL x[0] above 1.0" in wide
+
+    def test_the_summary_names_the_round_s_best_and_the_best_so_far(
+        self, state: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        _, out, _ = _run(capsys, "inspect", "demo")
+        assert "round's best" in out
+        assert "best so far" in out
+
+
 class TestBadInput:
     def _refused(self, capsys: pytest.CaptureFixture[str], root: Path, *argv: str) -> str:
         before = _files(root)
