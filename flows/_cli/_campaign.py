@@ -178,7 +178,7 @@ def _check(args: argparse.Namespace) -> int:
 
     from flows._check import check_campaign
     from flows._cli._exit import EXIT_BAD_INPUT
-    from flows._cli._words import count
+    from flows._words import count
 
     if args.json:
         return _check_json(args)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows._cli._words import either
 from flows._engine._tally import TALLY_FILE, read_tally
 from flows._paths import campaign_dir, state_dir_from
+from flows._words import either
 
 
 @dataclass(frozen=True)

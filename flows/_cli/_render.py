@@ -20,7 +20,7 @@ from rich.text import Text
 
 from flows._cli._cells import cell, full, short
 from flows._cli._records import open_read_only
-from flows._cli._words import count
+from flows._words import count
 
 
 class _PipedConsole(Console):
