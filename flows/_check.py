@@ -35,11 +35,11 @@ from pathlib import Path
 
 from flows._engine._campaign_state import build_surrogate, derive_seed
 from flows._engine._check_run import check_run
+from flows._engine._extension import FieldChange, is_extension, refused
 from flows._engine._simulation import simulation_argv
 from flows._paths import absolute, file_problem
 from flows._settings import Settings
 from flows._spec import LoadedSpec, Problem, is_site_path, problems_error, read_campaign
-from flows._spec_changes import FieldChange, is_extension, refused
 from policies import (
     FallbackUnavailable,
     Policy,
@@ -202,7 +202,7 @@ def _against_record(
     """Compare the spec with the one recorded under its name, as a submission will.
 
     Returns the fields an extension raises; another difference is a problem naming
-    each field (``flows._spec_changes``).
+    each field (``flows._engine._extension``).
     """
     changes = changes_against_record(loaded, site, env)
     if is_extension(changes) or not changes:

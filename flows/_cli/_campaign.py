@@ -196,7 +196,7 @@ def _check(args: argparse.Namespace) -> int:
         f"site {checked.site.name}, {rules}; the simulation and the first fallback batch check out"
     )
     if checked.extension:
-        from flows._spec_changes import describe_extension
+        from flows._engine._extension import describe_extension
 
         print(
             f"  extends the recorded campaign: {describe_extension(checked.extension)} "
@@ -291,8 +291,8 @@ def _run(args: argparse.Namespace) -> int:
 def _extend(args: argparse.Namespace) -> int:
     from flows._cli._resolve import registration_of
     from flows._cli._service import follow, print_submitted, submit_now
+    from flows._engine._extension import raised_text
     from flows._spec import load_campaign
-    from flows._spec_changes import raised_text
 
     wanted: dict[str, int | float] = {}
     if args.rounds is not None:

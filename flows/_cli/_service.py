@@ -146,7 +146,7 @@ def show_stored_completion(spec: str, site: str | None) -> bool:
 
     A campaign is its name: running a completed one again would only replay its
     record, so nothing is submitted. A spec that changes more than an extension
-    (``flows._spec_changes``) is refused by the check, naming each field; an
+    (``flows._engine._extension``) is refused by the check, naming each field; an
     extension returns False, so it is submitted.
     """
     from flows._check import require_valid

@@ -20,12 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flows._engine._simulation import simulation_argv
-from flows._masking import notify_secrets_masked
-from flows._provenance import ProvenanceStore, SpecChanged
-from flows._provenance._rows import jsonable
-from flows._spec import LoadedSpec, ScriptedPlannerSpec
-from flows._spec_changes import (
+from flows._engine._extension import (
     FieldChange,
     describe_extension,
     extension_details,
@@ -33,6 +28,11 @@ from flows._spec_changes import (
     refused,
     spec_changes,
 )
+from flows._engine._simulation import simulation_argv
+from flows._masking import notify_secrets_masked
+from flows._provenance import ProvenanceStore, SpecChanged
+from flows._provenance._rows import jsonable
+from flows._spec import LoadedSpec, ScriptedPlannerSpec
 from policies import SpecInvalid
 from tasks import SiteConfig
 
@@ -97,7 +97,7 @@ def check_inputs(
 ) -> int:
     """Pin the inputs at first use; refuse (or, accepted, record) a change; return the revision.
 
-    ``extension`` is the spec's fields an extension raised (``flows._spec_changes``):
+    ``extension`` is the spec's fields an extension raised (``flows._engine._extension``):
     the spec file's new hash is then expected, and the new revision also replaces the
     recorded spec and records a ``campaign_extended`` event (who, when, old and new).
 
@@ -178,7 +178,7 @@ def open_campaign(
     """Create (or find) the campaign's record and check its pinned inputs; return the revision.
 
     A spec whose fields differ from the recorded ones is refused naming each field
-    (``flows._spec_changes``), whatever ``accept_changes`` says: it is another
+    (``flows._engine._extension``), whatever ``accept_changes`` says: it is another
     campaign. With ``extend`` (a submission, not a flow run) a spec that only raises
     ``rounds`` or ``budget_node_hours`` is recorded as a new revision instead.
     """

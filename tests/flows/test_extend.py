@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from flows._cli import main
+from flows._engine._extension import raised_text
 from flows._engine._inputs import open_campaign
 from flows._provenance import ProvenanceStore, SpecChanged
 from flows._spec import load_campaign
-from flows._spec_changes import raised_text
 from policies import SpecInvalid
 from tasks import load_site
 

@@ -144,9 +144,12 @@ def raised_text(text: str, values: Mapping[str, int | float]) -> str:
         pattern = re.compile(
             rf"^(?P<key>{re.escape(field)}[ \t]*=[ \t]*)[^#\n]*?(?P<tail>[ \t]*(#.*)?)$", re.M
         )
-        head, count = pattern.subn(
-            lambda m, v=value: f"{m['key']}{_toml_number(v)}{m['tail']}", head, count=1
-        )
+        written = _toml_number(value)
+
+        def keep_key_and_comment(m: re.Match[str], written: str = written) -> str:
+            return f"{m['key']}{written}{m['tail']}"
+
+        head, count = pattern.subn(keep_key_and_comment, head, count=1)
         if count != 1:
             raise SpecInvalid(
                 f"field {field!r} is not written as one 'field = value' line at the top of "
