@@ -19,18 +19,10 @@ def registration_of(name: str) -> Registration:
     Raises:
         NotFound: no campaign of that name was submitted from this state directory.
     """
-    from flows._engine._registration import read_registration
+    from flows._engine._registration import require_registration
     from flows._paths import state_dir_from
-    from policies import NotFound
 
-    home = state_dir_from(None, os.environ)
-    registration = read_registration(home, name)
-    if registration is None:
-        raise NotFound(
-            f"no campaign named {name!r} was submitted from this state directory ({home})",
-            details={"campaign": name},
-        )
-    return registration
+    return require_registration(state_dir_from(None, os.environ), name)
 
 
 def run_of(given: str) -> str:
@@ -55,7 +47,7 @@ def run_of(given: str) -> str:
     except NotFound as exc:
         raise NotFound(
             f"{given!r} is neither a flow run id nor a campaign submitted from this state "
-            f"directory ({exc.message.rsplit('(', 1)[-1]}",
+            f"directory ({exc.details['state_dir']})",
             details={"campaign": given},
         ) from None
     connect(start=False)

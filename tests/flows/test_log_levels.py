@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,6 @@ from flows._prefect._logging import (
     Demote,
     install_log_filters,
 )
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
 
 
 def _levels(caplog: pytest.LogCaptureFixture, logger: str) -> dict[str, str]:
@@ -53,27 +50,12 @@ class TestLogFilters:
     @pytest.mark.integration
     @pytest.mark.timeout(300)
     def test_a_run_suspended_for_approval_ends_at_info_in_prefect_s_own_log(
-        self, prefect_server: Any, tmp_path: Path
+        self, suspend_demo: Any, tmp_path: Path
     ) -> None:
         """The campaign run that suspends for approval: the line Prefect ships is INFO."""
         from flows._prefect._rest import request
-        from flows._prefect._service import CampaignService, read_run, submit_campaign
 
-        for item in EXAMPLES.iterdir():
-            shutil.copy(item, tmp_path / item.name)
-        spec = tmp_path / "campaign-approval.toml"
-        spec.write_text(spec.read_text().replace('name = "demo-approval"', 'name = "log-levels"'))
-        home = tmp_path / "home"
-
-        async def until_suspended() -> str:
-            submitted = await submit_campaign(spec, state_dir=home)
-            await CampaignService(query_seconds=0.5, state_dir=home).run_once()
-            run = await read_run(submitted.flow_run_id)
-            assert run.state is not None
-            assert run.state.type.value == "PAUSED"
-            return str(submitted.flow_run_id)
-
-        flow_run_id = asyncio.run(until_suspended())
+        flow_run_id = suspend_demo(tmp_path, "log-levels")
         body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_ASC"}
         logs = request(os.environ, "POST", "logs/filter", body)
         finished = [  # the flow run's own line, not its tasks' (they have a task run id)

@@ -136,20 +136,9 @@ class TestWidth:
         ids=["list", "summary", "round0", "round1"],
     )
     def test_no_line_is_wider_than_100_columns(
-        self,
-        argv: list[str],
-        state: Path,
-        capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch,
+        self, argv: list[str], state: Path, widest_inspect_line: Any
     ) -> None:
-        for columns in ("100", None):  # a 100-column terminal, or piped (no COLUMNS)
-            if columns is None:
-                monkeypatch.delenv("COLUMNS")
-            else:
-                monkeypatch.setenv("COLUMNS", columns)
-            code, out, _ = _run(capsys, "inspect", *argv)
-            assert code == 0
-            assert max(len(line) for line in out.splitlines()) <= 100
+        assert widest_inspect_line(*argv) <= 100
 
     def test_cells_are_summaries_and_wide_shows_the_values(
         self, state: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
