@@ -35,6 +35,7 @@ from pathlib import Path
 
 from flows._engine._campaign_state import build_surrogate, derive_seed
 from flows._engine._check_run import check_run
+from flows._engine._extension import FieldChange, is_extension, refused
 from flows._engine._simulation import simulation_argv
 from flows._paths import absolute, file_problem
 from flows._settings import Settings
@@ -65,6 +66,8 @@ class CheckedCampaign:
     site: SiteConfig
     site_location: str  # what the flow is given: a site name, or an absolute path
     rules: int  # how many policy rules guard it
+    # The fields this spec raises over the campaign recorded under its name (an extension).
+    extension: tuple[FieldChange, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,10 @@ def check_campaign(
         _slurm_knows_site(site_config, location, environment, site_problems)
         _notify_urls(site_config.notify, site_config.source or location, site_problems)
     rules = 0
+    extension: list[FieldChange] = []
     if loaded is not None:
+        if site_config is not None:
+            extension = _against_record(loaded, site_config, environment, problems)
         _notify_urls(loaded.spec.notify, source, problems)
         rules = _rules(loaded, problems)
         _simulation(loaded, environment, problems)
@@ -114,7 +120,8 @@ def check_campaign(
             _simulation_runs(loaded, site_config, environment, run_simulation, problems)
     if problems or site_problems or loaded is None or site_config is None or location is None:
         return CheckReport(None, problems + site_problems, site_only=not problems)
-    return CheckReport(CheckedCampaign(loaded, site_config, location, rules), [])
+    checked = CheckedCampaign(loaded, site_config, location, rules, tuple(extension))
+    return CheckReport(checked, [])
 
 
 def require_valid(
@@ -187,6 +194,52 @@ def _notify_urls(notify: NotifyConfig | None, source: str | None, problems: list
         why = url_problem(url.get_secret_value())
         if why is not None:
             problems.append(Problem.at(source or "site", f"notify.urls[{index}]", why))
+
+
+def _against_record(
+    loaded: LoadedSpec, site: SiteConfig, env: Mapping[str, str], problems: list[Problem]
+) -> list[FieldChange]:
+    """Compare the spec with the one recorded under its name, as a submission will.
+
+    Returns the fields an extension raises; another difference is a problem naming
+    each field (``flows._engine._extension``).
+    """
+    changes = changes_against_record(loaded, site, env)
+    if is_extension(changes) or not changes:
+        return changes
+    error = refused(loaded.spec.name, changes)
+    problems.append(Problem.at(str(loaded.path), error.details["field"], error.message))
+    return []
+
+
+def changes_against_record(
+    loaded: LoadedSpec, site: SiteConfig, env: Mapping[str, str]
+) -> list[FieldChange]:
+    """Return how the spec differs from the one recorded under its name, read-only.
+
+    No record (or none readable) is no difference: the campaign is new, or the
+    submission says what is wrong with its database.
+    """
+    from flows._engine._inputs import changes_from_record
+    from flows._paths import campaign_dir, state_dir_from
+    from flows._provenance._sqlite import open_read_only
+
+    name = loaded.spec.name
+    url = site.provenance_url
+    if url is None:
+        where: str | Path = campaign_dir(state_dir_from(None, env), name)
+        if not (Path(where) / "provenance.db").exists():
+            return []
+    else:
+        where = url.get_secret_value()
+    try:
+        with open_read_only(where) as store:
+            if not any(row["name"] == name for row in store.campaigns()):
+                return []
+            recorded = store.summary(name)["campaign"]
+    except Exception:  # noqa: BLE001  # unreadable: the submission reports its database
+        return []
+    return changes_from_record(recorded, loaded)
 
 
 def _named(where: str, field: str | None, path: str | None, message: str) -> str:

@@ -38,6 +38,7 @@ from flows._report_approvals import (
     seconds_between,
 )
 from flows._report_figures import DrawnFigure, draw
+from flows._words import count
 
 REPORT_FILE = "report.html"
 FIGURE_FILES = ("best.png", "dispositions.png", "rejections.png", "simulation.png")
@@ -280,9 +281,10 @@ def render_html(data: dict[str, Any], drawn: dict[str, DrawnFigure]) -> str:
             ("status", "site", "seed", "code", "created", "updated"),
             [(status, c["site"], c["seed"], c["code_version"], c["created_at"], c["updated_at"])],
         ),
-        f"<p>{_text(t['rounds'])} rounds, {_text(t['gate_calls'])} gate calls, "
-        f"{_text(t['attempts'])} attempts; acceptance rate {_percent(t['acceptance_rate'])} of "
-        f"gate calls; {_text(t['fallbacks'])} fallbacks. Best result: {_text(best_line)}.</p>",
+        f"<p>{_text(count(t['rounds'], 'round'))}, {_text(count(t['gate_calls'], 'gate call'))}, "
+        f"{_text(count(t['attempts'], 'attempt'))}; acceptance rate "
+        f"{_percent(t['acceptance_rate'])} of gate calls; "
+        f"{_text(count(t['fallbacks'], 'fallback'))}. Best result: {_text(best_line)}.</p>",
         '<h2 id="best">Best result per round</h2>',
         _figure(drawn, "best.png", "best result per round"),
         _table(
@@ -291,7 +293,7 @@ def render_html(data: dict[str, Any], drawn: dict[str, DrawnFigure]) -> str:
                 "status",
                 "decision",
                 "tasks done",
-                "best",
+                "round's best",
                 "best so far",
                 "verifier predicted",
                 "rationale",

@@ -21,8 +21,8 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from flows._masking import notify_secrets_masked
@@ -87,16 +87,29 @@ class ObjectiveSpec(_Strict):
             raise ValueError("an argv list needs at least the program to run")
         return value
 
-    @model_validator(mode="after")
-    def _bounds(self) -> ObjectiveSpec:
-        if len(self.lower) != len(self.upper):
-            raise ValueError("lower and upper must have the same length")
-        for i, (lo, hi) in enumerate(zip(self.lower, self.upper, strict=True)):
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                raise ValueError(f"bound {i} is not finite")
+    @field_validator("lower", "upper")
+    @classmethod
+    def _finite(cls, value: list[float]) -> list[float]:
+        for i, bound in enumerate(value):
+            if not math.isfinite(bound):
+                raise ValueError(f"bound {i} is not finite ({bound})")
+        return value
+
+    @field_validator("upper")
+    @classmethod
+    def _above_lower(cls, upper: list[float], info: ValidationInfo) -> list[float]:
+        # Reported on `upper` (the bound read against `lower`), never on the whole objective.
+        lower = info.data.get("lower")
+        if lower is None:
+            return upper  # lower is wrong itself, and reported on its own field
+        if len(lower) != len(upper):
+            raise ValueError(
+                f"has {len(upper)} bounds but lower has {len(lower)}: one pair per dimension"
+            )
+        for i, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
             if not lo < hi:
-                raise ValueError(f"bound {i}: lower must be below upper")
-        return self
+                raise ValueError(f"bound {i} ({hi:g}) must be above lower's ({lo:g})")
+        return upper
 
 
 class ScriptedPlannerSpec(_Strict):
@@ -139,6 +152,12 @@ PlannerSpec = Annotated[
     ScriptedPlannerSpec | SurrogatePlannerSpec | LLMPlannerSpec, Field(discriminator="kind")
 ]
 PLANNER_KINDS: frozenset[str] = frozenset({"scripted", "surrogate", "llm"})
+_PLANNERS_BY_KIND: dict[str, type[BaseModel]] = {
+    "scripted": ScriptedPlannerSpec,
+    "surrogate": SurrogatePlannerSpec,
+    "llm": LLMPlannerSpec,
+}
+_PLANNER_UNION = object()  # where a field path enters the planner (its kind comes next)
 
 
 class ApprovalsSpec(_Strict):
@@ -296,13 +315,55 @@ def _field_of(error: Mapping[str, Any]) -> str:
 
 
 def _validation_problems(exc: ValidationError, source: str) -> list[Problem]:
+    errors = exc.errors(include_url=False, include_input=False)
+    missing = {_field_of(e) for e in errors if e.get("type") == "missing"}
+    meant: set[str] = set()  # missing fields a typo stands for: said once, on the typo
     problems: dict[str, Problem] = {}
-    for error in exc.errors(include_url=False, include_input=False):
+    for error in errors:
         field = _field_of(error)
         message = _message_of(error).removeprefix("Value error, ")
+        if error.get("type") == "extra_forbidden":
+            nearest = _nearest_field(error)
+            if nearest is not None:
+                parent = field.rpartition(".")[0]
+                meant.add(f"{parent}.{nearest}" if parent else nearest)
+                message = f"not a known field; did you mean `{nearest}`?"
         # A union (simulation: "demo" or an argv) fails once per member: keep the first.
         problems.setdefault(field, Problem.at(source, field, message))
-    return list(problems.values())
+    return [p for f, p in problems.items() if not (f in meant and f in missing)]
+
+
+def _nearest_field(error: Mapping[str, Any]) -> str | None:
+    """Return the known field nearest to an unknown one's name (difflib), if one is near."""
+    import difflib
+
+    loc = [str(p) for p in error.get("loc", ())]
+    model: Any = CampaignSpec
+    for part in loc[:-1]:
+        if model is None:
+            return None
+        if part in _PLANNERS_BY_KIND and model is _PLANNER_UNION:
+            model = _PLANNERS_BY_KIND[part]
+            continue
+        field = model.model_fields.get(part)
+        model = _model_of(field.annotation) if field is not None else None
+    if model is None or model is _PLANNER_UNION:
+        return None
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _model_of(annotation: Any) -> Any:
+    """Return the model a field holds (``X | None`` is X; the planner union stays a union)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if annotation == PlannerSpec:
+        return _PLANNER_UNION
+    models = [a for a in typing.get_args(annotation) if isinstance(a, type)]
+    models = [a for a in models if issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
 
 
 def _message_of(error: Mapping[str, Any]) -> str:

@@ -20,7 +20,24 @@ _LOCK = Path(tempfile.gettempdir()) / "unattended-tests-apt-get.lock"
 
 
 def apt_install(packages: Sequence[str], timeout: float) -> str | None:
-    """Run ``apt-get update`` and ``apt-get install -y PACKAGES``; return why it failed, or None."""
+    """Run ``apt-get update`` and ``apt-get install -y PACKAGES``; return why it failed, or None.
+
+    The reason ends with the command that installs them by hand, so a test that
+    skips on it says what to install.
+    """
+    why = _apt_install(packages, timeout)
+    if why is None:
+        return None
+    return f'{why}; install them with "{install_command(packages)}"'
+
+
+def install_command(packages: Sequence[str]) -> str:
+    """Return the command a user runs to install ``packages`` (as root, or with sudo)."""
+    sudo = "" if os.geteuid() == 0 else "sudo "
+    return f"{sudo}apt-get update && {sudo}apt-get install -y {' '.join(packages)}"
+
+
+def _apt_install(packages: Sequence[str], timeout: float) -> str | None:
     prefix: list[str] = []
     if os.geteuid() != 0:
         if shutil.which("sudo") is None:

@@ -9,6 +9,7 @@ approval answer the flow refused (``approve``).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from policies import SpecInvalid
@@ -82,6 +83,27 @@ def register(subparsers: Any) -> None:
     )
     submit.set_defaults(handler=_submit)
 
+    extend = subparsers.add_parser(
+        "extend",
+        help="give a campaign more rounds or a larger budget, recorded as a revision",
+        description=(
+            "Raise campaign NAME's rounds and/or node-hour budget: its spec file (the one it "
+            "was submitted with) gets the new values, and it is submitted again. The "
+            "submission records a new revision of the campaign's inputs and a "
+            "'campaign_extended' event (who, when, old and new values); the run does only "
+            "the rounds added. Editing the spec by hand and submitting it does the same. "
+            "Only these two fields may grow; any other change is another campaign, refused "
+            "naming each field."
+        ),
+    )
+    extend.add_argument("campaign", metavar="NAME", help="the campaign's name")
+    extend.add_argument("--rounds", type=int, metavar="N", help="the new number of rounds")
+    extend.add_argument(
+        "--budget-node-hours", type=float, metavar="H", help="the new node-hour budget"
+    )
+    extend.add_argument("--follow", action="store_true", help="follow the run until it ends")
+    extend.set_defaults(handler=_extend)
+
     serve = subparsers.add_parser(
         "serve", help="run the login node's runner: execute campaign runs, expire approvals"
     )
@@ -107,7 +129,9 @@ def register(subparsers: Any) -> None:
     approve = subparsers.add_parser(
         "approve", help="answer an approval request (the same resume API as the UI's form)"
     )
-    approve.add_argument("run", help="the suspended flow run's id")
+    approve.add_argument(
+        "run", help="the suspended flow run's id, or a campaign name (its newest run)"
+    )
     approve.add_argument("--as", dest="approver", required=True, help="your name as an approver")
     approve.add_argument("--reject", action="store_true", help="reject instead of approving")
     approve.add_argument("--comment", default="", help="why (kept in the provenance)")
@@ -154,6 +178,7 @@ def _check(args: argparse.Namespace) -> int:
 
     from flows._check import check_campaign
     from flows._cli._exit import EXIT_BAD_INPUT
+    from flows._words import count
 
     if args.json:
         return _check_json(args)
@@ -161,15 +186,22 @@ def _check(args: argparse.Namespace) -> int:
     if report.checked is None:
         for problem in report.problems:
             print(f"error: {problem.text}", file=sys.stderr)
-        print(f"{len(report.problems)} problem(s) found", file=sys.stderr)
+        print(f"{count(len(report.problems), 'problem')} found", file=sys.stderr)
         return EXIT_BAD_INPUT
     checked = report.checked
     spec = checked.loaded.spec
-    rules = f"{checked.rules} policy rule(s)" if checked.rules else "no policy rules (allowed)"
+    rules = count(checked.rules, "policy rule") if checked.rules else "no policy rules (allowed)"
     print(
-        f"ok: campaign {spec.name}: {spec.rounds} round(s) of {spec.batch_size} on site "
-        f"{checked.site.name}, {rules}; the simulation and the first fallback batch check out"
+        f"ok: campaign {spec.name}: {count(spec.rounds, 'round')} of {spec.batch_size} on "
+        f"site {checked.site.name}, {rules}; the simulation and the first fallback batch check out"
     )
+    if checked.extension:
+        from flows._engine._extension import describe_extension
+
+        print(
+            f"  extends the recorded campaign: {describe_extension(checked.extension)} "
+            "(submitting it records a new revision)"
+        )
     return 0
 
 
@@ -256,6 +288,58 @@ def _run(args: argparse.Namespace) -> int:
     return follow(submitted.flow_run_id, wait_for_approval=not args.no_wait)
 
 
+def _extend(args: argparse.Namespace) -> int:
+    from flows._cli._resolve import registration_of
+    from flows._cli._service import follow, print_submitted, submit_now
+    from flows._engine._extension import raised_text
+    from flows._spec import load_campaign
+
+    wanted: dict[str, int | float] = {}
+    if args.rounds is not None:
+        wanted["rounds"] = args.rounds
+    if args.budget_node_hours is not None:
+        wanted["budget_node_hours"] = args.budget_node_hours
+    if not wanted:
+        raise SpecInvalid(
+            "give --rounds, --budget-node-hours or both: what grows", details={"field": "--rounds"}
+        )
+    registration = registration_of(args.campaign)
+    path = Path(registration.spec_path)
+    spec = load_campaign(path, named_files=False).spec
+    for field, value in wanted.items():
+        now = getattr(spec, field)
+        if not value > now:
+            raise SpecInvalid(
+                f"campaign {spec.name}: --{field.replace('_', '-')} {value:g} does not grow "
+                f"{field} (now {now:g}); an extension only raises it",
+                details={"field": field, "campaign": spec.name},
+            )
+    text = path.read_text(encoding="utf-8")
+    edited = raised_text(text, wanted)
+    grown = ", ".join(f"{field} {getattr(spec, field):g} -> {v:g}" for field, v in wanted.items())
+    _replace_text(path, edited)
+    try:
+        submitted = submit_now(str(path), registration.site, start=False)
+    except BaseException:
+        _replace_text(path, text)  # refused or not submitted: the file says what is recorded
+        raise
+    print(f"campaign {spec.name} extended: {grown} ({path} updated; recorded as a revision)")
+    print_submitted(submitted)
+    if args.follow:
+        return follow(submitted.flow_run_id, wait_for_approval=True)
+    return 0
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` over ``path`` at once (a reader sees the old or the new file)."""
+    import os
+
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.chmod(path.stat().st_mode & 0o7777)
+    os.replace(partial, path)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from flows._cli._service import serve_foreground, start_detached_runner, stop_runner
 
@@ -276,49 +360,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from flows._cli._resolve import run_of
     from flows._cli._service import show_run, show_runs
 
     if not args.run:
         return show_runs(as_json=args.json)
-    return show_run(_run_of(args.run), as_json=args.json)
-
-
-def _run_of(given: str) -> str:
-    """Return the flow run id ``status`` shows: ``given`` itself, or campaign ``given``'s newest."""
-    import os
-    from uuid import UUID
-
-    try:
-        UUID(given)
-    except ValueError:
-        pass
-    else:
-        return given
-    from flows._engine._registration import read_registration
-    from flows._paths import state_dir_from
-    from flows._prefect._connect import connect
-    from flows._prefect._rest import request
-    from policies import NotFound
-
-    home = state_dir_from(None, os.environ)
-    registration = read_registration(home, given)
-    if registration is None:
-        raise NotFound(
-            f"{given!r} is neither a flow run id nor a campaign submitted from this state "
-            f"directory ({home})",
-            details={"campaign": given},
-        )
-    connect(start=False)
-    body = {
-        "flow_runs": {"deployment_id": {"any_": [registration.deployment_id]}},
-        "sort": "EXPECTED_START_TIME_DESC",
-        "limit": 1,
-        "offset": 0,
-    }
-    found = request(os.environ, "POST", "flow_runs/filter", body)
-    if not found:
-        raise NotFound(f"campaign {given!r} has no flow run", details={"campaign": given})
-    return str(found[0]["id"])
+    return show_run(run_of(args.run), as_json=args.json)
 
 
 def _approvals(args: argparse.Namespace) -> int:
@@ -328,6 +375,7 @@ def _approvals(args: argparse.Namespace) -> int:
 
 
 def _approve(args: argparse.Namespace) -> int:
+    from flows._cli._resolve import run_of
     from flows._cli._service import answer
 
     if args.batch_size is not None and args.candidates is not None:
@@ -338,7 +386,7 @@ def _approve(args: argparse.Namespace) -> int:
             details={"field": "--candidates"},
         )
     return answer(
-        args.run,
+        run_of(args.run),
         args.approver,
         reject=args.reject,
         comment=args.comment,

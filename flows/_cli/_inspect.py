@@ -55,6 +55,12 @@ def register(subparsers: Any) -> None:
         help="list the campaign's allocations (scheduler jobs) and what they used",
     )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    inspect.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column, each value in full (by default long values are summarised and "
+        "tables fit the terminal, 100 columns when piped)",
+    )
     inspect.add_argument("--db", metavar="URL_OR_PATH", help=_DB_HELP)
     inspect.set_defaults(handler=_inspect)
 
@@ -100,7 +106,17 @@ def database_locations(db: str | None, campaign: str | None, env: Mapping[str, s
         root = state_dir_from(None, env)
     campaigns = root / "campaigns"
     if campaign is not None:
-        return [str(campaigns / campaign / "provenance.db")]
+        database = campaigns / campaign / "provenance.db"
+        if not database.exists():
+            from policies import NotFound
+
+            raise NotFound(
+                f"no campaign named {campaign} in {root} (no {database}); 'unattended inspect' "
+                "lists the campaigns there, and --db URL reads one recorded elsewhere "
+                "(its site's provenance_url)",
+                details={"campaign": campaign, "path": str(database)},
+            )
+        return [str(database)]
     return [str(p) for p in sorted(campaigns.glob("*/provenance.db"))] or [str(campaigns)]
 
 
@@ -115,18 +131,18 @@ def _inspect(args: argparse.Namespace) -> int:
         return fail("--allocations needs a CAMPAIGN and no --round")
     if args.campaign is None:
         data: Any = render.list_campaigns(locations)
-        render.show(data, render.print_campaigns, as_json=args.json)
+        render.show(data, render.print_campaigns, as_json=args.json, wide=args.wide)
         return 0
     with _records.open_read_only(locations[0]) as store:
         if args.allocations:
             data = _allocations(store, args.campaign)
-            render.show(data, render.print_allocations, as_json=args.json)
+            render.show(data, render.print_allocations, as_json=args.json, wide=args.wide)
         elif args.round_index is None:
             data = store.summary(args.campaign)
-            render.show(data, render.print_summary, as_json=args.json)
+            render.show(data, render.print_summary, as_json=args.json, wide=args.wide)
         else:
             data = store.round_view(args.campaign, args.round_index)
-            render.show(data, render.print_round, as_json=args.json)
+            render.show(data, render.print_round, as_json=args.json, wide=args.wide)
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from flows._engine._tally import TALLY_FILE, read_tally
 from flows._paths import campaign_dir, state_dir_from
+from flows._words import either
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class RoundProgress:
     failed: int
     finished: bool  # the batch's results are recorded
     waiting_for: str | None  # the rule of an unanswered approval request
+    approvers: tuple[str, ...] = ()  # who may answer it
     answered: str | None = None  # the round's settled approval: "approved by alice"
     best: float | None = None  # the best objective so far, this round included
     # One per relaunch: "5 task(s) interrupted (job 123 ended: timeout); relaunched in job 124".
@@ -94,7 +96,7 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
     """Return every round's progress from a (read-only) provenance store."""
     summary = store.summary(campaign)
     pending = {
-        int(a["round_index"]): a["rule"] or "policy"
+        int(a["round_index"]): (a["rule"] or "policy", tuple(a["approvers_allowed"] or ()))
         for a in summary["approvals"]
         if a["decision"] is None
     }
@@ -140,7 +142,8 @@ def read_progress(store: Any, campaign: str) -> list[RoundProgress]:
                 # Every candidate has its final result (an interrupted one's comes from
                 # its relaunch), or the round is over (relaunches gave up).
                 finished=recorded > 0 and (recorded >= launched or entry["status"] != "running"),
-                waiting_for=pending.get(index),
+                waiting_for=pending[index][0] if index in pending else None,
+                approvers=pending[index][1] if index in pending else (),
                 answered=answered.get(index),
                 best=best,
                 interruptions=tuple(interruptions),
@@ -175,10 +178,11 @@ def progress_lines(round_: RoundProgress) -> list[str]:
     lines = [f"{head} started"]
     if round_.gate and "pending" not in round_.gate:
         lines.append(f"{head} gate {round_.gate} after {round_.attempts} attempt(s)")
-    if round_.decision:
+    # A suspend is said by the waiting line, then by who answered: not as "suspend: pending".
+    if round_.decision and not round_.decision.startswith("suspend"):
         lines.append(f"{head} policy {round_.decision}")
     if round_.waiting_for:
-        lines.append(f"{head} waiting for approval ({round_.waiting_for})")
+        lines.append(f"{head} {waiting_words(round_)} (rule {round_.waiting_for})")
     if round_.answered:
         lines.append(f"{head} approval {round_.answered}")
     if round_.tasks:
@@ -190,6 +194,12 @@ def progress_lines(round_: RoundProgress) -> list[str]:
         best = f"; best so far {round_.best:.6g}" if round_.best is not None else ""
         lines.append(f"{head} completed{best}")
     return lines
+
+
+def waiting_words(round_: RoundProgress) -> str:
+    """Return ``waiting for approval by alice or bob`` (who may answer, when known)."""
+    names = list(round_.approvers)
+    return f"waiting for approval by {either(names)}" if names else "waiting for approval"
 
 
 class CampaignProgress:
@@ -339,7 +349,7 @@ class CampaignProgress:
             # A running batch's bar follows its tally; its records arrive when it ends.
             ended = r.done + r.failed if r.finished else self._ended.get(r.index, (0, 0))[0]
             bar = ProgressBar(total=r.tasks or 1, completed=ended, width=24)
-            policy = f"waiting: {r.waiting_for}" if r.waiting_for else (r.decision or "")
+            policy = waiting_words(r) if r.waiting_for else (r.decision or "")
             if r.answered and not r.waiting_for:
                 policy = f"{policy} ({r.answered})" if policy else r.answered
             tasks = (

@@ -10,14 +10,17 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from flows._cli._cells import cell, full, short
 from flows._cli._records import open_read_only
+from flows._words import count
 
 
 class _PipedConsole(Console):
@@ -29,29 +32,27 @@ class _PipedConsole(Console):
         raise BrokenPipeError
 
 
-def _console() -> Console:
-    # Piped output keeps long values on one line instead of wrapping at 80 columns.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200)
+# Piped with no COLUMNS: a 100-column terminal (--wide: 200, long values kept whole).
+_PIPED_WIDTH = 100
+_WIDE_WIDTH = 200
+
+
+def _console(*, wide: bool) -> Console:
+    columns = os.environ.get("COLUMNS")
+    if wide:
+        width = None if sys.stdout.isatty() else int(columns or _WIDE_WIDTH)
+    else:
+        width = int(columns) if columns else (None if sys.stdout.isatty() else _PIPED_WIDTH)
     return _PipedConsole(width=width, highlight=False)
 
 
-def show(data: Any, printer: Callable[[Console, Any], None], *, as_json: bool) -> None:
-    """Print ``data`` as JSON or through ``printer``."""
+def show(data: Any, printer: Callable[..., None], *, as_json: bool, wide: bool = False) -> None:
+    """Print ``data`` as JSON, or through ``printer`` (summarised cells unless ``wide``)."""
     if as_json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
         return
-    printer(_console(), data)
-
-
-def _cell(value: Any) -> Text:
-    if value is None:
-        return Text("-")
-    if isinstance(value, float):
-        return Text(f"{value:.6g}")
-    if isinstance(value, str):
-        return Text(value)
-    return Text(json.dumps(value, separators=(",", ":"), default=str))
+    printer(_console(wide=wide), data, wide=wide)
 
 
 def _when(moment: str | None) -> str:
@@ -61,13 +62,41 @@ def _when(moment: str | None) -> str:
     return moment[:19].replace("T", " ") + "Z"
 
 
-def _table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False)
+def _table(
+    title: str | None,
+    columns: Iterable[str],
+    rows: Iterable[Iterable[Any]],
+    *,
+    wide: bool = True,
+) -> Table:
+    # Narrow: no vertical rules and one space between columns (a 100-column terminal).
+    table = (
+        Table(title=title, title_justify="left", show_lines=False)
+        if wide
+        else Table(
+            title=title,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            collapse_padding=True,
+        )
+    )
     for column in columns:
-        table.add_column(column, overflow="fold")
+        # A header is never folded ("dispositio / ns"): its values wrap instead.
+        table.add_column(column, overflow="fold", min_width=None if wide else len(column))
     for row in rows:
-        table.add_row(*(_cell(v) for v in row))
+        table.add_row(*(cell(v, wide=wide) for v in row))
     return table
+
+
+def _narrowed(
+    columns: Sequence[str], rows: list[list[Any]], wide_only: Iterable[str], *, wide: bool
+) -> tuple[list[str], list[list[Any]]]:
+    """Drop the ``wide_only`` columns unless ``wide`` (``--wide`` shows every column)."""
+    if wide:
+        return list(columns), rows
+    keep = [i for i, c in enumerate(columns) if c not in set(wide_only)]
+    return [columns[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 def list_campaigns(locations: list[str]) -> list[dict[str, Any]]:
@@ -89,7 +118,9 @@ def shown_status(status: str, error_code: str | None) -> str:
     return "cancelled" if status == "blocked" and error_code == "cancelled" else status
 
 
-def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
+def print_campaigns(
+    console: Console, campaigns: list[dict[str, Any]], *, wide: bool = False
+) -> None:
     """Print one line per campaign."""
     columns = ("name", "status", "error_code", "site", "rounds", "updated", "database")
     rows = [
@@ -104,11 +135,15 @@ def print_campaigns(console: Console, campaigns: list[dict[str, Any]]) -> None:
         ]
         for c in campaigns
     ]
-    console.print(_table("Campaigns", columns, rows))
+    console.print(_table("Campaigns", columns, rows, wide=wide))
 
 
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    """Print a campaign summary: header, totals, rounds, approvals, best result."""
+def print_summary(console: Console, summary: dict[str, Any], *, wide: bool = False) -> None:
+    """Print a campaign summary: header, totals, rounds, approvals, best result.
+
+    "round's best" is the best value of a round's own tasks; "best so far" the
+    campaign's best up to and including that round (what ``run``'s live view shows).
+    """
     c, t = summary["campaign"], summary["totals"]
     status = shown_status(c["status"], c["error_code"])
     if c["error_code"] and status != c["error_code"]:
@@ -123,35 +158,42 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     rate = "-" if t["acceptance_rate"] is None else f"{t['acceptance_rate']:.1%}"
     console.print(
         Text(
-            f"{t['rounds']} rounds, {t['gate_calls']} gate calls, {t['attempts']} attempts; "
-            f"acceptance rate {rate} of gate calls; {t['fallbacks']} fallbacks; "
-            f"dispositions {_cell(t['dispositions'])}"
+            f"{count(t['rounds'], 'round')}, {count(t['gate_calls'], 'gate call')}, "
+            f"{count(t['attempts'], 'attempt')}; acceptance rate {rate} of gate calls; "
+            f"{count(t['fallbacks'], 'fallback')}; "
+            f"dispositions {short(t['dispositions'], 200)}"
         )
     )
     columns: tuple[str, ...] = (
         "round",
         "status",
         "gate calls",
-        "dispositions",
+        "gate",
         "attempts",
         "decision",
         "tasks done",
-        "best",
+        "round's best",
+        "best so far",
     )
-    rows = [
-        [
-            r["index"],
-            r["status"],
-            r["gate_calls"],
-            r["dispositions"],
-            r["attempts"],
-            r["decision"],
-            f"{r['done']}/{r['tasks']}",
-            r["best"],
-        ]
-        for r in summary["rounds"]
-    ]
-    console.print(_table("Rounds", columns, rows))
+    rows = []
+    so_far: float | None = None
+    for r in summary["rounds"]:
+        if r["best"] is not None:
+            so_far = r["best"] if so_far is None else min(so_far, r["best"])
+        rows.append(
+            [
+                r["index"],
+                r["status"],
+                r["gate_calls"],
+                r["dispositions"] if wide else _gate(r["dispositions"]),
+                r["attempts"],
+                r["decision"],
+                f"{r['done']}/{r['tasks']}",
+                r["best"],
+                so_far,
+            ]
+        )
+    console.print(_table("Rounds", columns, rows, wide=wide))
     if summary["approvals"]:
         columns = ("round", "key", "rule", "decision", "decided_by", "decided_at")
         rows = [
@@ -165,7 +207,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             ]
             for a in summary["approvals"]
         ]
-        console.print(_table("Approvals", columns, rows))
+        console.print(_table("Approvals", columns, rows, wide=wide))
     best = summary["best_result"]
     if best is None:
         console.print(Text("Best result: none (no finished task with a numeric value)"))
@@ -174,12 +216,23 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             Text(
                 f"Best result: {best['objective']:.6g} in round {best['round_index']}, batch "
                 f"{best['batch']}, task {best['task_index']} ({best['key']}); candidate "
-                f"{_cell(best['candidate'])}"
+                f"{cell(best['candidate'], wide=wide)}"
             )
         )
 
 
-def _verdicts(verdicts: list[dict[str, Any]]) -> str:
+def _gate(dispositions: dict[str, int]) -> str:
+    """Return what a round's gate calls came to: ``accepted``, ``accepted 2, fallback``."""
+    said = [k if n == 1 else f"{k} {n}" for k, n in sorted(dispositions.items())]
+    return ", ".join(said) or "-"
+
+
+def _verdicts(verdicts: list[dict[str, Any]], *, wide: bool = True) -> str:
+    if not wide:  # the reason column says why: here, which checks failed
+        failed = [str(v["check"]) for v in verdicts if not v["passed"]]
+        passed = len(verdicts) - len(failed)
+        said = [f"{', '.join(failed)} failed"] * bool(failed) + [f"{passed} passed"] * bool(passed)
+        return "; ".join(said) or "-"
     return "; ".join(
         f"{v['check']}: {'pass' if v['passed'] else 'FAIL ' + str(v['reason'])}" for v in verdicts
     )
@@ -214,10 +267,10 @@ def _failure_lines(attempt: dict[str, Any]) -> Text:
         line += (
             f"\n    task {details.get('task_key') or '-'}: status {details.get('status') or '-'}, "
             f"error {details.get('error_code') or '-'}, exit code "
-            f"{_cell(details.get('exit_code'))}, job {details.get('job_id') or '-'}"
+            f"{full(details.get('exit_code'))}, job {details.get('job_id') or '-'}"
         )
     elif details:  # what the producer's error said (a provider's HTTP status, say)
-        line += "\n    details: " + ", ".join(f"{k} {_cell(v)}" for k, v in details.items())
+        line += "\n    details: " + ", ".join(f"{k} {full(v)}" for k, v in details.items())
     stderr = str(details.get("stderr_tail") or "").rstrip("\n")
     if stderr:
         line += "\n    stderr tail:\n" + "\n".join(f"      {s}" for s in stderr.splitlines())
@@ -236,8 +289,8 @@ def _node_spread(results: list[dict[str, Any]]) -> str:
     )
 
 
-def print_round(console: Console, view: dict[str, Any]) -> None:
-    """Print one round in full."""
+def print_round(console: Console, view: dict[str, Any], *, wide: bool = False) -> None:
+    """Print one round: every record, long values summarised unless ``wide``."""
     r = view["round"]
     console.print(
         Text(
@@ -252,7 +305,8 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
                 f"\nGate call {call['call_index']} ({call['name']}): {_disposition(call)} "
                 f"after {call['attempts_used']} of {call['budget']} attempts\n"
                 f"  fallback sha {call['fallback_hash'] or '-'} computed "
-                f"{_when(call['fallback_computed_at'])}: {_cell(call['fallback_value'])}"
+                f"{_when(call['fallback_computed_at'])}: "
+                f"{cell(call['fallback_value'], wide=wide)}"
             )
         )
         columns: tuple[str, ...] = (
@@ -271,14 +325,15 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
                 _attempt_result(a),
                 a["reason"],
                 a["value"],
-                _verdicts(a["verdicts"]),
+                _verdicts(a["verdicts"], wide=wide),
                 a["scores"] or None,
                 a["duration"],
                 a["trace_id"],
             ]
             for a in call["attempts"]
         ]
-        console.print(_table("Attempts", columns, rows))
+        shown, rows = _narrowed(columns, rows, ("scores", "trace"), wide=wide)
+        console.print(_table("Attempts", shown, rows, wide=wide))
         for a in call["attempts"]:
             if a.get("failed_by") is not None:
                 console.print(_failure_lines(a))
@@ -293,7 +348,8 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             "explanation",
         )
         rows = [[d[k] for k in columns] for d in view["decisions"]]
-        console.print(_table("Policy decisions", columns, rows))
+        shown, rows = _narrowed(columns, rows, ("severities", "explanation"), wide=wide)
+        console.print(_table("Policy decisions", shown, rows, wide=wide))
     for a in view["approvals"]:
         console.print(
             Text(
@@ -302,7 +358,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
                 f", run {a['flow_run_id']}) requested {_when(a['requested_at'])}: "
                 f"{a['decision'] or 'pending'} by {a['decided_by'] or '-'} at "
                 f"{_when(a['decided_at'])}; comment {a['comment'] or '-'}; overrides "
-                f"{_cell(a['overrides'])}"
+                f"{cell(a['overrides'], wide=wide)}"
             )
         )
         columns = ("decided_by", "decision", "allowed", "settled", "comment", "recorded")
@@ -317,7 +373,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             ]
             for e in a["events"]
         ]
-        console.print(_table("Approval events (every decision attempt)", columns, rows))
+        console.print(_table("Approval events (every decision attempt)", columns, rows, wide=wide))
     if view.get("candidates"):
         columns = ("call", "source", "#", "candidate", "fate", "by", "reason")
         rows = [
@@ -332,7 +388,7 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             ]
             for c in view["candidates"]
         ]
-        console.print(_table("Candidates", columns, rows))
+        console.print(_table("Candidates", columns, rows, wide=wide))
     for b in view["batches"]:
         console.print(
             Text(
@@ -374,7 +430,16 @@ def print_round(console: Console, view: dict[str, Any]) -> None:
             ]
             for r in b["results"]
         ]
-        console.print(_table("Task results", columns, rows))
+        shown, rows = _narrowed(columns, rows, ("key", "window (UTC)", "stderr_tail"), wide=wide)
+        console.print(_table("Task results", shown, rows, wide=wide))
+        if not wide:  # the column left out: a task that did not finish well says why here
+            for r in b["results"]:
+                tail = str(r["stderr_tail"] or "").rstrip("\n")
+                if tail and r["status"] != "done":
+                    lines = "\n".join(f"    {line}" for line in tail.splitlines())
+                    console.print(
+                        Text(f"  task {r['index']} ({r['status']}) stderr tail:\n{lines}")
+                    )
         spread = _node_spread(b["results"])
         if spread:
             console.print(Text(f"Nodes: {spread}"))
@@ -402,7 +467,7 @@ def _ended(job: dict[str, Any]) -> str:
     return "-"
 
 
-def print_allocations(console: Console, view: dict[str, Any]) -> None:
+def print_allocations(console: Console, view: dict[str, Any], *, wide: bool = False) -> None:
     """Print a campaign's allocations (scheduler jobs), one line each, and the budget's totals."""
     columns = (
         "job",
@@ -435,7 +500,9 @@ def print_allocations(console: Console, view: dict[str, Any]) -> None:
         ]
         for job in view["allocations"]
     ]
-    console.print(_table(f"Allocations of campaign {view['campaign']} (UTC)", columns, rows))
+    title = f"Allocations of campaign {view['campaign']} (UTC)"
+    shown, rows = _narrowed(columns, rows, ("request", "requested"), wide=wide)
+    console.print(_table(title, shown, rows, wide=wide))
     t = view["totals"]
     outside = f"; {t['tasks_outside']} task(s) outside any of them" if t["tasks_outside"] else ""
     console.print(

@@ -30,7 +30,7 @@ from flows._paths import (
 )
 from flows._prefect._connect import connect, ui_url
 from flows._prefect._server import flow_run_ui_url
-from policies import NotFound, SpecInvalid, UnattendedError, ValidationFailed
+from policies import NotFound, UnattendedError, ValidationFailed
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -145,16 +145,18 @@ def show_stored_completion(spec: str, site: str | None) -> bool:
     """Print a completed campaign's stored record and return True; False if it has none.
 
     A campaign is its name: running a completed one again would only replay its
-    record, so nothing is submitted. A changed spec under a recorded name is
-    refused here (``SpecInvalid``), as the flow would refuse it.
+    record, so nothing is submitted. A spec that changes more than an extension
+    (``flows._engine._extension``) is refused by the check, naming each field; an
+    extension returns False, so it is submitted.
     """
     from flows._check import require_valid
     from flows._cli._progress import progress_lines, read_progress
     from flows._paths import campaign_dir
-    from flows._provenance._rows import jsonable
     from flows._provenance._sqlite import open_read_only
 
     checked = require_valid(spec, site, os.environ)
+    if checked.extension:
+        return False  # an extension: submitted as usual, the next run does the rounds added
     name = checked.loaded.spec.name
     url = checked.site.provenance_url
     location: str | Path
@@ -169,24 +171,9 @@ def show_stored_completion(spec: str, site: str | None) -> bool:
             row = next((c for c in store.campaigns() if c["name"] == name), None)
             if row is None or row["status"] != "completed":
                 return False
-            recorded = store.summary(name)["campaign"]
             rounds = read_progress(store, name)
     except Exception:  # noqa: BLE001  # no readable record: submit as usual, the flow reports it
         return False
-    from flows._masking import notify_secrets_masked
-
-    spec_now = jsonable(checked.loaded.raw)  # its [notify] URLs masked, as it is recorded
-    # A record made before URLs were masked holds them in clear: mask it alike to compare.
-    same_spec = recorded["spec"] == spec_now or (
-        isinstance(recorded["spec"], dict)
-        and jsonable(notify_secrets_masked(recorded["spec"])) == spec_now
-    )
-    if not same_spec or recorded["seed"] != checked.loaded.spec.seed:
-        raise SpecInvalid(
-            f"{checked.loaded.path}: campaign {name!r} is already recorded with a different spec "
-            "or seed; give the new campaign another name",
-            details={"file": str(checked.loaded.path), "field": "name", "campaign": name},
-        )
     print(
         f"campaign {name} already completed; showing the stored record (nothing runs again; "
         "to run it afresh, give the spec a new name)"
@@ -602,6 +589,8 @@ def show_runs(*, as_json: bool = False) -> int:
         return 0
     if not found:
         print("no campaign runs")
+    else:
+        print(f"{'flow run':<36}  {'campaign':<24} {'state':<12} UI")
     for run, note in listed:
         print(f"{run.id}  {run.campaign:<24} {run.state_name:<12} {_run_link(run.id)}")
         if note:

@@ -16,11 +16,22 @@ import getpass
 import hashlib
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flows._engine._extension import (
+    FieldChange,
+    describe_extension,
+    extension_details,
+    is_extension,
+    refused,
+    spec_changes,
+)
 from flows._engine._simulation import simulation_argv
+from flows._masking import notify_secrets_masked
 from flows._provenance import ProvenanceStore, SpecChanged
+from flows._provenance._rows import jsonable
 from flows._spec import LoadedSpec, ScriptedPlannerSpec
 from policies import SpecInvalid
 from tasks import SiteConfig
@@ -82,8 +93,13 @@ def check_inputs(
     *,
     accept_changes: bool = False,
     flow_run_id: str | None = None,
+    extension: Sequence[FieldChange] = (),
 ) -> int:
     """Pin the inputs at first use; refuse (or, accepted, record) a change; return the revision.
+
+    ``extension`` is the spec's fields an extension raised (``flows._engine._extension``):
+    the spec file's new hash is then expected, and the new revision also replaces the
+    recorded spec and records a ``campaign_extended`` event (who, when, old and new).
 
     Raises:
         SpecChanged: an input differs from the latest pinned revision and
@@ -93,26 +109,30 @@ def check_inputs(
     name = loaded.spec.name
     current = current_inputs(loaded, site)
     revision, pinned = store.pinned_inputs(name)
+    spec = loaded.raw if extension else None
     if not pinned:
-        store.pin_inputs(name, 1, current)
+        store.pin_inputs(name, 1, current, spec=spec)
         store.record_event(name, "inputs_pinned", flow_run_id=flow_run_id, details={"revision": 1})
+        _record_extension(store, name, 1, extension, flow_run_id)
         return 1
-    changed = changed_inputs(pinned, current)
-    if not changed:
+    changed = [c for c in changed_inputs(pinned, current) if not (extension and c == "spec")]
+    if not changed and not extension:
         return revision
     hashes = {
         key: {"old": pinned.get(key, (None, None))[1], "new": current.get(key, (None, None))[1]}
         for key in changed
     }
-    if accept_changes:
+    if accept_changes or not changed:
         store.pin_inputs(name, revision + 1, current, spec=loaded.raw)
-        store.record_event(
-            name,
-            "inputs_revised",
-            flow_run_id=flow_run_id,
-            actor=_os_user(),
-            details={"revision": revision + 1, "changed": hashes},
-        )
+        if changed:
+            store.record_event(
+                name,
+                "inputs_revised",
+                flow_run_id=flow_run_id,
+                actor=_os_user(),
+                details={"revision": revision + 1, "changed": hashes},
+            )
+        _record_extension(store, name, revision + 1, extension, flow_run_id)
         return revision + 1
     first = changed[0]
     file = current.get(first, pinned.get(first, (None, "")))[0]
@@ -128,6 +148,23 @@ def check_inputs(
     )
 
 
+def _record_extension(
+    store: ProvenanceStore,
+    name: str,
+    revision: int,
+    extension: Sequence[FieldChange],
+    flow_run_id: str | None,
+) -> None:
+    if extension:
+        store.record_event(
+            name,
+            "campaign_extended",
+            flow_run_id=flow_run_id,
+            actor=_os_user(),
+            details={"revision": revision, "fields": extension_details(extension)},
+        )
+
+
 def open_campaign(
     store: ProvenanceStore,
     loaded: LoadedSpec,
@@ -136,11 +173,14 @@ def open_campaign(
     code_version: str,
     accept_changes: bool = False,
     flow_run_id: str | None = None,
+    extend: bool = False,
 ) -> int:
     """Create (or find) the campaign's record and check its pinned inputs; return the revision.
 
-    A spec whose text changed is ``spec_changed`` once the campaign has pins (a
-    campaign recorded before pins existed keeps the older ``spec_invalid``).
+    A spec whose fields differ from the recorded ones is refused naming each field
+    (``flows._engine._extension``), whatever ``accept_changes`` says: it is another
+    campaign. With ``extend`` (a submission, not a flow run) a spec that only raises
+    ``rounds`` or ``budget_node_hours`` is recorded as a new revision instead.
     """
     name = loaded.spec.name
 
@@ -152,15 +192,58 @@ def open_campaign(
     try:
         ensure()
     except SpecInvalid as exc:
-        if exc.details.get("field") != "spec" or not store.pinned_inputs(name)[1]:
+        if exc.details.get("campaign") != name:
             raise
-        # Refused here (SpecChanged) unless accepted, which rewrites the recorded spec.
+        changes = recorded_changes(store, loaded)
+        if not changes:
+            raise
+        if not (extend and is_extension(changes)):
+            raise _refusal(loaded, changes) from None
         revision = check_inputs(
-            store, loaded, site, accept_changes=accept_changes, flow_run_id=flow_run_id
+            store,
+            loaded,
+            site,
+            accept_changes=accept_changes,
+            flow_run_id=flow_run_id,
+            extension=changes,
         )
         ensure()
         return revision
     return check_inputs(store, loaded, site, accept_changes=accept_changes, flow_run_id=flow_run_id)
+
+
+def recorded_changes(store: ProvenanceStore, loaded: LoadedSpec) -> list[FieldChange]:
+    """Return how ``loaded`` differs from the spec recorded under its name ([]: none recorded)."""
+    name = loaded.spec.name
+    if not any(row["name"] == name for row in store.campaigns()):
+        return []
+    recorded = store.summary(name)["campaign"]
+    return changes_from_record(recorded, loaded)
+
+
+def changes_from_record(recorded: Mapping[str, Any], loaded: LoadedSpec) -> list[FieldChange]:
+    """Return how ``loaded`` differs from a campaign row (its ``spec`` and ``seed``)."""
+    old = recorded.get("spec")
+    # A record made before [notify] URLs were masked holds them in clear: mask it alike.
+    old = jsonable(notify_secrets_masked(old)) if isinstance(old, dict) else {}
+    return spec_changes(old, recorded.get("seed"), jsonable(loaded.raw), loaded.spec.seed)
+
+
+def _refusal(loaded: LoadedSpec, changes: Sequence[FieldChange]) -> SpecChanged:
+    if is_extension(changes):  # a flow run never extends: the submission records it
+        return SpecChanged(
+            f"{loaded.path}: campaign {loaded.spec.name!r} was extended in the file "
+            f"({describe_extension(changes)}) but not submitted; 'unattended submit "
+            f"{loaded.path}' records the extension",
+            details={
+                "campaign": loaded.spec.name,
+                "input": "spec",
+                "file": str(loaded.path),
+                "field": changes[0].field,
+                "fields": [c.field for c in changes],
+            },
+        )
+    return refused(loaded.spec.name, changes, str(loaded.path))
 
 
 def _os_user() -> str:

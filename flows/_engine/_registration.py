@@ -117,6 +117,24 @@ def read_registration(state_dir: Path, campaign: str) -> Registration | None:
     return _parse(registration_path(state_dir, campaign))
 
 
+def require_registration(state_dir: Path, campaign: str) -> Registration:
+    """Return ``campaign``'s registration in ``state_dir``.
+
+    Raises:
+        NotFound: no campaign of that name was submitted from this state directory.
+    """
+    from policies import NotFound
+
+    registration = read_registration(state_dir, campaign)
+    if registration is None:
+        raise NotFound(
+            f"no campaign named {campaign!r} was submitted from this state directory "
+            f"({state_dir})",
+            details={"campaign": campaign, "state_dir": str(state_dir)},
+        )
+    return registration
+
+
 def registrations(state_dir: Path) -> list[Registration]:
     """Return every campaign registered in ``state_dir``."""
     root = state_dir / "campaigns"

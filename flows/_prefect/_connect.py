@@ -59,8 +59,9 @@ def connect(
     if handle is None:
         if not start:
             raise ServerError(
-                "no Prefect server is running for this state directory; "
-                "start one with 'unattended server start' (or set PREFECT_API_URL)",
+                f"no Prefect server is running for this state directory ({config.state_dir}); "
+                "'unattended up' starts it and the runner (or set PREFECT_API_URL to use "
+                "another server)",
                 details={"state_dir": str(config.state_dir)},
             )
         if announce is not None:

@@ -45,7 +45,7 @@ from prefect.states import Cancelled, Cancelling
 
 from flows._paths import state_dir_from
 from flows._provenance import ProvenanceStore
-from policies import NotFound, UnattendedError, classify
+from policies import UnattendedError, classify
 
 if TYPE_CHECKING:
     from flows._engine._registration import Registration
@@ -235,16 +235,10 @@ def registration_of(name: str) -> tuple[Path, Registration]:
     Raises:
         NotFound: no campaign of that name was submitted from this state directory.
     """
-    from flows._engine._registration import read_registration
+    from flows._engine._registration import require_registration
 
     home = state_dir_from(None, os.environ)
-    registration = read_registration(home, name)
-    if registration is None:
-        raise NotFound(
-            f"no campaign named {name!r} was submitted from this state directory ({home})",
-            details={"campaign": name, "state_dir": str(home)},
-        )
-    return home, registration
+    return home, require_registration(home, name)
 
 
 def still_active(runs: list[FlowRun]) -> list[FlowRun]:

@@ -367,6 +367,8 @@ class Watchdog:
     settled_cancels: set[str] = field(default_factory=set)
     # Runs of another's making whose refusal is recorded already.
     refused_runs: set[str] = field(default_factory=set)
+    # Ended runs of a campaign that stopped for good, whose "left" line is said already.
+    left_stopped: set[str] = field(default_factory=set)
     # Held while one campaign is judged; a submission takes it too (CampaignService).
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -479,6 +481,11 @@ class Watchdog:
                     params=registration.parameters,
                 ):
                     done.append(f"recorded {name} as cancelled (run {newest.id})")
+                else:  # recorded by whoever cancelled it: the decision is still said, once
+                    done.append(
+                        f"left {name} cancelled (run {newest.id}): a person's cancel is "
+                        "never continued"
+                    )
                 self.settled_cancels.add(str(newest.id))
                 return done
             why = continuation_reason(newest)
@@ -487,6 +494,12 @@ class Watchdog:
                 status == "failed" and code == TRANSIENT_CODE
             )
             if why is None or not resumable:
+                if why is not None and str(newest.id) not in self.left_stopped:
+                    # Said once a run: the record that a sweep judged it and did not continue.
+                    self.left_stopped.add(str(newest.id))
+                    done.append(
+                        f"left {name} {status} ({code}) after run {newest.id}: not continued"
+                    )
                 return done
             tally = self._counted_so_far(store, name) if counted(newest) else None
             if tally is not None and tally.exhausted:

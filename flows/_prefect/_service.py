@@ -140,6 +140,7 @@ async def submit_campaign(
             load_site(site_name, env=environment),
             code_version=code_version(),
             accept_changes=accept_changes,
+            extend=True,  # a submission may raise rounds and budget: a recorded revision
         )
     finally:
         store.close()

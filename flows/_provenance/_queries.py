@@ -103,7 +103,8 @@ ROUND_TASKS: Final = (
     "WHERE b.campaign_id = :cid GROUP BY b.round_index"
 )
 APPROVALS: Final = (
-    "SELECT round_index, key, rule, decision, decided_by, decided_at FROM approval "
+    "SELECT round_index, key, rule, approvers_allowed, decision, decided_by, decided_at "
+    "FROM approval "
     "WHERE campaign_id = :cid ORDER BY round_index, id"
 )
 ROUNDS: Final = (

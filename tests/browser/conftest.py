@@ -25,7 +25,7 @@ from flows._prefect._tls import show_certificate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: apt_get
 
-from apt_get import apt_install  # type: ignore[import-not-found]  # after the path
+from apt_get import apt_install, install_command  # type: ignore[import-not-found]  # after the path
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (
@@ -48,10 +48,13 @@ def chromium() -> Path:
     if not CHROMIUM.exists():
         failure = apt_install(["chromium"], _APT_TIMEOUT)
         if failure is not None or not CHROMIUM.exists():
+            # apt_install's reason ends with the command that installs it by hand.
+            why = (
+                failure
+                or f'no binary after install; install it with "{install_command(["chromium"])}"'
+            )
             pytest.skip(
-                f"BROWSER TESTS SKIPPED: {CHROMIUM} is missing and installing it failed "
-                f"({failure or 'no binary after install'}); run "
-                "`apt-get update && apt-get install -y chromium`"
+                f"BROWSER TESTS SKIPPED: {CHROMIUM} is missing and installing it failed: {why}"
             )
     return CHROMIUM
 

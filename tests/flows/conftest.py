@@ -86,3 +86,40 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def suspend_demo(prefect_server: Any) -> Any:
+    """Return ``suspend(folder, name) -> flow run id``: the demo approval campaign, suspended.
+
+    A copy of ``examples/demo`` in ``folder``, named ``name``, whose policy asks on round
+    0 (to be quick), is submitted and run by a runner of ``folder/home`` until it waits.
+    """
+    import asyncio
+    import shutil
+    from pathlib import Path
+
+    from flows._prefect._service import CampaignService, read_run, submit_campaign
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+    def suspend(folder: Path, name: str) -> str:
+        for item in examples.iterdir():
+            shutil.copy(item, folder / item.name)
+        spec = folder / "campaign-approval.toml"
+        spec.write_text(spec.read_text().replace('name = "demo-approval"', f'name = "{name}"'))
+        policy = folder / "approval-policy.toml"
+        policy.write_text(policy.read_text().replace("round.index == 2", "round.index == 0"))
+        home = folder / "home"
+
+        async def until_suspended() -> str:
+            submitted = await submit_campaign(spec, state_dir=home)
+            await CampaignService(query_seconds=0.5, state_dir=home).run_once()
+            run = await read_run(submitted.flow_run_id)
+            assert run.state is not None
+            assert run.state.type.value == "PAUSED"
+            return str(submitted.flow_run_id)
+
+        return asyncio.run(until_suspended())
+
+    return suspend

@@ -54,7 +54,7 @@ class Waiting:
         await self.service.sync_deployments()
         await self.service.runner.start(run_once=True)
 
-    def answer(self, *argv: str) -> int:
+    def answer(self, *argv: str, run: str | None = None) -> int:
         """Run ``unattended approve`` in a thread while this thread drives the runner.
 
         The command runs as the campaign's owner (its state directory) and sees a runner
@@ -65,13 +65,13 @@ class Waiting:
         lock = os.open(home / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return self._answer(*argv)
+            return self._answer(run or str(self.flow_run_id), *argv)
         finally:
             os.close(lock)
 
-    def _answer(self, *argv: str) -> int:
+    def _answer(self, run: str, *argv: str) -> int:
         with ThreadPoolExecutor(1) as pool:
-            cli = pool.submit(main, ["approve", str(self.flow_run_id), *argv, "--wait", "60"])
+            cli = pool.submit(main, ["approve", run, *argv, "--wait", "60"])
             while not cli.done():
                 asyncio.run(self.drive())
             return int(cli.result())
@@ -156,6 +156,25 @@ class TestTheVerdict:
         assert "refused: the answer arrived after the deadline" in err
         assert "it stopped (blocked, approval_timeout)" in err
         assert asyncio.run(late.state())[0] == "FAILED"
+
+
+class TestACampaignName:
+    def test_approve_takes_the_campaign_s_name_for_its_newest_run(
+        self, prefect_server: ServerHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        waiting = _suspend(tmp_path, "cli-by-name", "60")
+        assert waiting.answer("--as", "bob", run="cli-by-name") == 0
+        assert "approved by bob: the flow accepted the answer" in capsys.readouterr().out
+        assert asyncio.run(waiting.state())[0] == "COMPLETED"
+
+    def test_an_unknown_name_is_refused_naming_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("UNATTENDED_HOME", str(tmp_path))
+        assert main(["approve", "nope", "--as", "alice"]) != 0
+        assert "'nope' is neither a flow run id nor a campaign submitted from this state" in (
+            capsys.readouterr().err
+        )
 
 
 class TestACodeProtectedRule:

@@ -65,7 +65,7 @@ class TestTaskLongerThanWalltime:
             'walltime scheduler.walltime = "00:10:00" (600 s): no allocation could finish it; '
             "raise scheduler.walltime or set cost.simulation_seconds to what one simulation "
             "task really takes",
-            "1 problem(s) found",
+            "1 problem found",
         ]
 
     def test_without_simulation_seconds_the_node_hours_are_named(self, demo: Path) -> None:

@@ -95,6 +95,16 @@ class TestStatusJson:
         assert (run["state_type"], run["state"]) == ("PAUSED", "Suspended")
         assert run["ui_url"].endswith(waiting.flow_run_id)
 
+    def test_the_text_list_has_a_header_row_over_its_runs(self, waiting: Waiting) -> None:
+        """Without --json: one header row naming the columns, then one line per run."""
+        done = cli("status", home=waiting.home)
+
+        assert done.returncode == 0, done.stderr
+        header, row = done.stdout.splitlines()[:2]
+        assert header.split() == ["flow", "run", "campaign", "state", "UI"]
+        assert row.split()[:3] == [waiting.flow_run_id, waiting.name, "Suspended"]
+        assert row.index(waiting.name) == header.index("campaign")
+
     def test_a_campaign_name_shows_its_run_and_what_it_waits_for(self, waiting: Waiting) -> None:
         done = cli("status", waiting.name, "--json", home=waiting.home)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -205,23 +207,47 @@ class TestUnrecorded:
 
 
 class _Client:
-    """The one call ``_sweep_one`` makes before it would open a store."""
+    """The Prefect client calls ``_sweep_one`` makes: the runs it reads, the states it sets."""
 
     def __init__(self, runs: list[FlowRun]) -> None:
         self.runs = runs
+        self.states: list[tuple[Any, Any]] = []
 
     async def read_flow_runs(self, **_: Any) -> list[FlowRun]:
         return self.runs
+
+    async def set_flow_run_state(self, flow_run_id: Any, state: Any, **_: Any) -> None:
+        self.states.append((flow_run_id, state))
+
+
+def _lease_taken_by_a_process_that_exits(database: Path, owner: str) -> int:
+    """Have another process take the campaign's lease for ``owner`` and exit; return its pid."""
+    script = (
+        "import os, sys; from flows._provenance import ProvenanceStore; "
+        "s = ProvenanceStore.open(sys.argv[1]); "
+        "assert s.acquire_lease('c', sys.argv[2], ttl=60); print(os.getpid())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(database), owner],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return int(done.stdout.strip())
 
 
 class TestSweepOfARunningCampaign:
     """A campaign whose run a process of this runner executes costs the sweep no store."""
 
     def _sweep(self, runs: list[FlowRun], alive: set[str]) -> list[str]:
+        return self._sweep_with(_Client(runs), alive)
+
+    def _sweep_with(self, client: _Client, alive: set[str]) -> list[str]:
         registration = SimpleNamespace(parameters={"spec_path": "x"}, deployment_id="d")
         watchdog = recovery.Watchdog(SETTINGS)
         sweep = watchdog._sweep_one(
-            _Client(runs), SimpleNamespace(id=uuid4()), registration, datetime.now(UTC), alive
+            client, SimpleNamespace(id=uuid4()), registration, datetime.now(UTC), alive
         )
         return asyncio.run(sweep)
 
@@ -235,30 +261,36 @@ class TestSweepOfARunningCampaign:
         running = _run(Running())
         assert self._sweep([running, _run(Completed())], {str(running.id)}) == []
 
-    # State classes, not states: a state made at collection would be minutes old by the
-    # time a busy run reaches the test, and an old Running state without a lease is an
-    # orphan (the sweep would then set its state through the client).
-    @pytest.mark.parametrize(
-        "states",
-        [
-            pytest.param([Running], id="running-elsewhere"),
-            pytest.param([Running, Cancelling], id="a-cancelling-run-beside-it"),
-        ],
-    )
-    def test_anything_else_is_judged_with_the_lease(
-        self, states: list[Any], store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    # A Running state made in the test (one made at collection would be minutes old by
+    # the time a busy run reaches it, and an old Running state without a lease is an
+    # orphan whatever the lease says). Young, and not alive here: only its lease can
+    # make it an orphan, so what the sweep does shows it read the lease.
+    def test_a_run_elsewhere_whose_lease_holder_died_is_crashed_naming_its_pid(
+        self, store: ProvenanceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        opened: list[Any] = []
+        running = _run(Running())
+        pid = _lease_taken_by_a_process_that_exits(tmp_path / "c", str(running.id))
+        monkeypatch.setattr(recovery, "campaign_store", lambda _p: ("c", _Unclosed(store)))
+        client = _Client([running])
 
-        def campaign_store(parameters: Any) -> Any:
-            opened.append(parameters)
-            return "c", _Unclosed(store)
+        done = self._sweep_with(client, set())
 
-        monkeypatch.setattr(recovery, "campaign_store", campaign_store)
-        runs = [_run(state()) for state in states]
-        # Only the first run is executed here: the Cancelling one has nobody.
-        self._sweep(runs, {str(runs[0].id)} if len(runs) > 1 else set())
-        assert opened == [{"spec_path": "x"}]
+        assert done == [f"crashed {running.id}: its process (pid {pid}) is gone"]
+        assert [(str(i), s.type.value) for i, s in client.states] == [(str(running.id), "CRASHED")]
+        (event,) = store.events("c", "orphan_crashed")
+        assert event["flow_run_id"] == str(running.id)
+
+    def test_a_run_elsewhere_holding_a_live_lease_is_left_alone(
+        self, store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        running = _run(Running())
+        assert store.acquire_lease("c", str(running.id), ttl=60)  # this live process holds it
+        monkeypatch.setattr(recovery, "campaign_store", lambda _p: ("c", _Unclosed(store)))
+        client = _Client([running])
+
+        assert self._sweep_with(client, set()) == []
+        assert client.states == []
+        assert store.events("c", "orphan_crashed") == []
 
     def test_alive_here_only_needs_every_running_or_pending_run_here(self) -> None:
         running, pending = _run(Running()), _run(Pending())

@@ -259,7 +259,7 @@ class TestDeletePurge:
         assert not campaign.database.parent.exists()
         shown = campaign.cli("inspect", campaign.name)
         assert shown.returncode == 2
-        assert "no provenance database" in shown.stderr
+        assert f"no campaign named {campaign.name} in" in shown.stderr
 
         campaign.submit_with_the_cli()
         campaign.serve_once()

@@ -277,7 +277,7 @@ class TestProvenanceCommands:
     def test_an_unknown_campaign_is_bad_input_without_the_store(self, suspended):
         done, modules = run_command(["inspect", "no-such-campaign"], suspended.home)
         assert done.returncode == 2
-        assert "no provenance database" in done.stderr
+        assert "no campaign named no-such-campaign in" in done.stderr
         assert heavy(modules, NEVER + ENGINE + STORE + VALIDATION) == []
 
 

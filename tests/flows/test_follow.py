@@ -39,6 +39,6 @@ class TestFollow:
         assert code == 5  # EXIT_CODES["awaiting_approval"]
         assert any(line.startswith("round 0: completed; best so far ") for line in lines)
         assert "round 1: batch finished: 8 done, 0 failed" in lines
-        assert "round 2: waiting for approval (review-round-2)" in lines
+        assert "round 2: waiting for approval by alice or bob (rule review-round-2)" in lines
         assert any(line.endswith(": Suspended") for line in lines)
         assert "  rule: review-round-2; approvers: alice, bob" in lines

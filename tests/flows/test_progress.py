@@ -152,7 +152,7 @@ class TestPlainLines:
         progress.update(read_progress(waiting, CAMPAIGN))
         new = out.getvalue().splitlines()[before:]
         assert "round 1: batch finished: 4 done, 0 failed" in new
-        assert "round 2: waiting for approval (review-round-2)" in new
+        assert "round 2: waiting for approval by alice (rule review-round-2)" in new
 
     def test_who_answered_an_approval_is_printed_once(
         self, tmp_path: Path, waiting: ProvenanceStore

@@ -63,5 +63,5 @@ def test_a_record_with_another_webhook_is_another_campaign(
     other["notify"] = {"webhook_url": "https://elsewhere.example.net/hook/abc"}
     _record(home, spec, recorded_spec=other)
 
-    with pytest.raises(SpecInvalid, match="already recorded with a different spec"):
+    with pytest.raises(SpecInvalid, match=r"recorded with another spec: notify\.webhook_url"):
         show_stored_completion(str(spec), None)

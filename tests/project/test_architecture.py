@@ -144,7 +144,10 @@ class TestPrefectStaysInItsWing:
 # A module is in the layer of its longest matching prefix; ``flows`` itself (the public
 # names) is the CLI's layer, the top.
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "foundations": (("flows._paths", "flows._settings", "flows._telemetry", "flows._masking"), ()),
+    "foundations": (
+        ("flows._paths", "flows._settings", "flows._telemetry", "flows._masking", "flows._words"),
+        (),
+    ),
     "spec": (("flows._spec",), ("foundations",)),
     "store": (("flows._provenance",), ("foundations",)),
     "engine": (("flows._engine",), ("foundations", "spec", "store")),

@@ -220,3 +220,27 @@ def record_campaign() -> Any:
 def pg_admin() -> dict[str, Any]:
     """Return the helpers that create and drop uniquely named PostgreSQL databases."""
     return {"create": create_pg_database, "drop": drop_pg_database}
+
+
+@pytest.fixture
+def widest_inspect_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Return ``widest(*argv) -> int``: ``inspect ARGV``'s widest line, at 100 columns and piped.
+
+    Run twice: with ``COLUMNS=100`` (a 100-column terminal) and without ``COLUMNS`` (piped);
+    each must exit 0, and the wider of the two is returned.
+    """
+    from flows._cli import main
+
+    def widest(*argv: str) -> int:
+        width = 0
+        for columns in ("100", None):
+            if columns is None:
+                monkeypatch.delenv("COLUMNS", raising=False)
+            else:
+                monkeypatch.setenv("COLUMNS", columns)
+            assert main(["inspect", *argv]) == 0
+            out = capsys.readouterr().out
+            width = max(width, *(len(line) for line in out.splitlines()))
+        return width
+
+    return widest

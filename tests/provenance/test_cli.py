@@ -55,6 +55,20 @@ class TestInspect:
         assert "acceptance rate 100.0% of gate calls" in out
         assert "Best result: 0.5 in round 1" in out
 
+    def test_the_summary_counts_in_words_one_round_one_fallback(
+        self, tmp_path: Path, record_campaign: Any, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with ProvenanceStore.open(tmp_path / "one") as store:
+            record_campaign(store, "one", rounds=1)
+            call = store.record_gate_call(
+                "one", 0, 1, gate="planner", budget=3, fallback_hash="h", fallback_value=[[0.5]]
+            )
+            store.finish_gate_call(call, "fallback", 0)
+        code, out, _ = _run(capsys, "inspect", "one", "--db", str(tmp_path / "one"))
+        assert code == 0
+        assert "1 round, 2 gate calls, 2 attempts; " in out
+        assert "; 1 fallback; " in out
+
     def test_the_json_summary_has_the_totals(
         self, state: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -111,6 +125,40 @@ class TestInspect:
             store.record_attempt(call, {"number": 1, "value": "[red]x[/red]", "duration": 0.0})
         _, out, _ = _run(capsys, "inspect", "m", "--round", "0", "--db", str(tmp_path))
         assert "[red]x[/red]" in out
+
+
+class TestWidth:
+    """``inspect`` fits a 100-column terminal; ``--wide`` and ``--json`` keep everything."""
+
+    @pytest.mark.parametrize(
+        "argv",
+        [[], ["demo"], ["demo", "--round", "0"], ["demo", "--round", "1"]],
+        ids=["list", "summary", "round0", "round1"],
+    )
+    def test_no_line_is_wider_than_100_columns(
+        self, argv: list[str], state: Path, widest_inspect_line: Any
+    ) -> None:
+        assert widest_inspect_line(*argv) <= 100
+
+    def test_cells_are_summaries_and_wide_shows_the_values(
+        self, state: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("COLUMNS", "100")
+        _, narrow, _ = _run(capsys, "inspect", "demo", "--round", "0")
+        monkeypatch.delenv("COLUMNS")
+        _, wide, _ = _run(capsys, "inspect", "demo", "--round", "0", "--wide")
+        assert '{"x":[9.0]}' not in narrow  # an attempt's value is summarised
+        assert "x [9]" in narrow
+        assert "bounds failed; 1 passed" in narrow
+        assert '{"x":[9.0]}' in wide
+        assert "bounds: FAIL x[0] above 1.0" in wide
+
+    def test_the_summary_names_the_round_s_best_and_the_best_so_far(
+        self, state: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        _, out, _ = _run(capsys, "inspect", "demo")
+        assert "round's best" in out
+        assert "best so far" in out
 
 
 class TestBadInput:

@@ -154,7 +154,7 @@ class TestInspectAllocations:
     def test_the_table_shows_end_reasons_times_walltime_and_a_total_line(
         self, state: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        code, out, _ = _run(capsys, "inspect", "slurmy", "--allocations")
+        code, out, _ = _run(capsys, "inspect", "slurmy", "--allocations", "--wide")
         assert code == 0
         line = next(row for row in out.splitlines() if "101" in row)
         for cell in ("TIMEOUT (TimeLimit)", "timeout", "2023-11-14 22:13:20Z", "1:00:00"):
@@ -163,6 +163,12 @@ class TestInspectAllocations:
         assert "2.0000" in line
         assert line.replace(" ", "").endswith("│2│1│")  # tasks, of which interrupted
         assert "Total: 2 allocation request(s), 3 job(s), 2.5000 node-hours charged" in out
+
+    @pytest.mark.parametrize("argv", [["--allocations"], ["--round", "0"]])
+    def test_fits_a_100_column_terminal_by_default(
+        self, argv: list[str], state: Path, widest_inspect_line: Any
+    ) -> None:
+        assert widest_inspect_line("slurmy", *argv) <= 100
 
     def test_a_job_still_open_is_charged_up_to_its_planned_end(
         self, state: Path, capsys: pytest.CaptureFixture[str]
@@ -184,7 +190,7 @@ class TestInspectAllocations:
         view = json.loads(out)
         assert view["allocations"][-1]["node_hours"] == pytest.approx(0.25)
         assert view["totals"]["node_hours"] == pytest.approx(2.75)
-        _, text, _ = _run(capsys, "inspect", "slurmy", "--allocations")
+        _, text, _ = _run(capsys, "inspect", "slurmy", "--allocations", "--wide")
         assert "2023-11-15 01:28:20Z planned" in text
 
     def test_a_campaign_without_allocations_has_an_empty_list(
@@ -247,7 +253,7 @@ class TestRoundShowsJobs:
     def test_each_task_shows_its_job_and_window(
         self, state: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        code, out, _ = _run(capsys, "inspect", "slurmy", "--round", "0")
+        code, out, _ = _run(capsys, "inspect", "slurmy", "--round", "0", "--wide")
         assert code == 0
         window = "2023-11-14 22:13:20Z .. 2023-11-14 23:13:20Z"
         rows = [row for row in out.splitlines() if window in row]

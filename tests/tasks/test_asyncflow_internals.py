@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from policies import InternalError
-from tasks._asyncflow_internals import SUPPORTED, check_version, check_versions
+from tasks._asyncflow_internals import SUPPORTED, _release, check_version, check_versions
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks"
 # Attributes of asyncflow's engine and backend (and asyncio's loop) that are not public API.
@@ -20,7 +22,32 @@ class TestVersionCheck:
     def test_the_installed_versions_are_supported(self):
         check_versions()  # raises otherwise
         assert set(SUPPORTED) == {"radical.asyncflow", "rhapsody-py"}
-        assert metadata.version("radical.asyncflow")
+        for name, (low, high) in SUPPORTED.items():  # read here as the check reads them
+            assert low <= _release(metadata.version(name)) < high, name
+
+    def test_the_check_reads_what_is_installed_and_refuses_another_version(self, tmp_path):
+        """A process that finds radical.asyncflow 0.7.0 installed first refuses to start."""
+        dist = tmp_path / "radical_asyncflow-0.7.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: radical.asyncflow\nVersion: 0.7.0\n"
+        )
+        script = (
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from tasks._asyncflow_internals import check_versions; check_versions()"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode != 0
+        assert (
+            "radical.asyncflow 0.7.0 is installed, but unattended touches its internals as "
+            "they are in radical.asyncflow>=0.6,<0.7"
+        ) in done.stderr
 
     @pytest.mark.parametrize("installed", ["0.7.0", "0.5.9", "1.0"])
     def test_a_version_outside_the_range_is_refused_naming_the_range(self, installed):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import time
 from collections.abc import Callable
 
 import psutil
@@ -62,7 +61,16 @@ def _assert_cancelled_and_not_continued(node: LoginNode, run_id: str) -> None:
     campaign = node.campaign
     assert campaign_row(campaign) == ("blocked", "cancelled")
     assert "cancelled" in events(campaign)
-    time.sleep(3)  # six watchdog periods: nothing continues a person's cancel
+    # The watchdog's own word that it judged the cancelled run and did not continue it.
+    log = campaign.home / "runner.log"
+    decided = (
+        f"watchdog: left {campaign.name} cancelled (run {run_id})",
+        f"watchdog: recorded {campaign.name} as cancelled (run {run_id})",
+    )
+    wait_until(
+        lambda: any(line in log.read_text() for line in decided),
+        "the watchdog's decision on the cancelled run",
+    )
     runs = node.runs()
     assert [r["id"] for r in runs] == [run_id], [r["state"] for r in runs]
     assert "continued" not in events(campaign)

@@ -13,7 +13,6 @@ here 4 instead of the default 5) the campaign is recorded ``failed`` with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
@@ -65,16 +64,19 @@ def test_a_campaign_crashing_on_every_run_stops_at_its_cap_across_a_runner_resta
     )
     assert exhausted == [(1,)]
 
-    # Nothing more is started, however many sweeps pass.
-    runs = len(login.runs())
-    time.sleep(3.0)  # six watchdog sweeps
-    assert len(login.runs()) == runs
+    # Nothing more is started: a later sweep judged the campaign and said it left it.
+    runs = login.runs()
+    newest = str(runs[0]["id"])
+    log = campaign.home / "runner.log"
+    left = f"watchdog: left {campaign.name} failed ({EXHAUSTED_CODE}) after run {newest}"
+    wait_until(lambda: left in log.read_text(), "the watchdog's decision to leave it")
+    assert [r["id"] for r in login.runs()] == [r["id"] for r in runs]
     assert all(r["state"]["type"] not in {"RUNNING", "PENDING", "SCHEDULED"} for r in login.runs())
 
     shown = login.cli("status")
     assert f"stopped ({EXHAUSTED_CODE}): continued {CAP} times" in shown.stdout, shown.stdout
     assert "continues it within" not in shown.stdout
     print(
-        f"continuation cap: {runs} runs, {CAP} counted continuations "
+        f"continuation cap: {len(runs)} runs, {CAP} counted continuations "
         f"({before_restart} before the runner's restart)"
     )
