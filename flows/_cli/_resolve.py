@@ -2,12 +2,14 @@
 
 Every command that takes a run (``status``, ``approve``) also takes the name of a
 campaign submitted from this state directory; this one resolver turns the name
-into the campaign's newest flow run (the one that runs, waits or ended last).
+into the campaign's current run (the oldest that has not ended: the one that may wait
+for answers, never a clone beside it), or with none going its newest run.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from uuid import UUID
 
 from flows._engine._registration import Registration
@@ -39,6 +41,7 @@ def run_of(given: str) -> str:
     else:
         return given
     from flows._prefect._connect import connect
+    from flows._prefect._current_run import current_run
     from flows._prefect._rest import request
     from policies import NotFound
 
@@ -54,10 +57,21 @@ def run_of(given: str) -> str:
     body = {
         "flow_runs": {"deployment_id": {"any_": [registration.deployment_id]}},
         "sort": "EXPECTED_START_TIME_DESC",
-        "limit": 1,
+        "limit": 200,
         "offset": 0,
     }
     found = request(os.environ, "POST", "flow_runs/filter", body)
     if not found:
         raise NotFound(f"campaign {given!r} has no flow run", details={"campaign": given})
-    return str(found[0]["id"])
+    # The campaign's current run (the one that may wait for answers) wins over a newer
+    # clone refused beside it; with none going, the newest run (the one that ended last).
+    current = current_run(
+        (
+            datetime.fromisoformat(run["created"]),
+            str(run["id"]),
+            (run.get("state") or {}).get("type") or "SCHEDULED",
+        )
+        for run in found
+        if run.get("created")
+    )
+    return current or str(found[0]["id"])
