@@ -14,9 +14,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from flows._cli._exit import EXIT_ANSWER_REFUSED, EXIT_BAD_INPUT, EXIT_FAILED, STATUS_EXIT, fail
@@ -38,9 +38,11 @@ if TYPE_CHECKING:
     from flows._prefect._pending import PendingApproval
     from flows._prefect._rest import RunView
     from flows._prefect._submissions import Submitted
-    from flows._provenance import ApprovalEventRecord
+    from flows._provenance import ApprovalEventRecord, RunEnding
+    from flows._provenance._sql import Reader
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+T = TypeVar("T")
 
 
 def _say_on_stderr(message: str) -> None:
@@ -519,15 +521,21 @@ def _runner_died(flow_run: FlowRun, pid: int | None) -> int:
 
 
 def _final(flow_run: FlowRun) -> int:
+    """Print how the run ended; return the exit code of its recorded ending.
+
+    The ending the flow recorded in the provenance says it (``run_ending``); a run that
+    recorded none (killed, or forced through the API) failed, as far as ``run`` knows.
+    """
     state = flow_run.state
     message = (state.message or "") if state else ""
     print(f"finished: {state.name if state else '?'} {message}".rstrip())
-    if state is not None and state.type.value == "COMPLETED":
-        return 0
-    for status, code in STATUS_EXIT.items():
-        if message.startswith(f"campaign {status}"):
-            return code
-    return STATUS_EXIT["failed"]
+    ending = _recorded_ending(flow_run)
+    if ending is None:
+        return STATUS_EXIT["failed"]
+    return next(
+        (code for status, code in STATUS_EXIT.items() if status == ending.status),
+        STATUS_EXIT["failed"],
+    )
 
 
 def _pause_key(flow_run: FlowRun) -> str:
@@ -624,42 +632,60 @@ def _recovery(run: RunView, *, ours: bool = False) -> str | None:
     return recovery_note_of(run.id, runner_alive=runner_alive()) or None
 
 
-def _holds_live_lease(run: RunView) -> bool:
-    """Return whether ``run`` holds its campaign's lease, alive and unexpired.
+def _read_record(run: Any, read: Callable[[Reader, str], T]) -> T | None:
+    """Return ``read(reader, campaign)`` on the provenance of ``run``'s campaign, or None.
 
-    Such a run is never an orphan and nothing recovers it, so ``status`` has nothing to
-    say of it: read from the provenance (stdlib ``sqlite3``) and the registration, this
-    spares the Prefect client ``recovery_note_of`` needs (its import alone took 1.5 s,
-    and each run a client and a store: ``status`` took 5.3 s with 24 campaigns running).
-    Any doubt (no record, no registration, an unreadable database) says False: the
-    watchdog's own rules judge the run then.
+    Read from the provenance (stdlib ``sqlite3``) and the owner's registration (which
+    names the campaign and its site: loading the spec for them would import the
+    planners); None when the run is not a campaign of this state directory or its
+    database cannot be read now.
     """
     from flows._engine._registration import registration_for
     from flows._paths import campaign_dir, state_dir_from
-    from flows._provenance._readers import lease
     from flows._provenance._sqlite import open_read_only
     from tasks import load_site
 
-    # The owner's registration names the campaign and its site: loading the spec for
-    # them would import the planners (numpy).
     found = registration_for(state_dir_from(None, os.environ), run.deployment_id)
     if found is None:
-        return False
+        return None
     try:
         site = load_site(found.site, env=os.environ)
         url = site.provenance_url
         home = Path(found.state_dir)
         where = url.get_secret_value() if url else campaign_dir(home, found.campaign)
         store = open_read_only(where)
-    except Exception:  # noqa: BLE001  # no site or no database: the full judgement decides
-        return False
+    except Exception:  # noqa: BLE001  # no site or no database: nothing recorded to read
+        return None
     try:
         with store.reading() as reader:
-            held = lease(reader, found.campaign)
-    except Exception:  # noqa: BLE001  # unreadable now: the full judgement decides
-        return False
+            return read(reader, found.campaign)
+    except Exception:  # noqa: BLE001  # unreadable now: as if nothing were recorded
+        return None
     finally:
         store.close()
+
+
+def _recorded_ending(run: Any) -> RunEnding | None:
+    """Return how ``run`` ended as its flow recorded it (``run_ending``), None if unknown."""
+    from flows._provenance._readers import run_endings
+
+    endings = _read_record(run, run_endings)
+    return None if endings is None else endings.get(str(run.id))
+
+
+def _holds_live_lease(run: RunView) -> bool:
+    """Return whether ``run`` holds its campaign's lease, alive and unexpired.
+
+    Such a run is never an orphan and nothing recovers it, so ``status`` has nothing to
+    say of it: read from the provenance (``_read_record``), this spares the Prefect
+    client ``recovery_note_of`` needs (its import alone took 1.5 s, and each run a
+    client and a store: ``status`` took 5.3 s with 24 campaigns running). Any doubt (no
+    record, no registration, an unreadable database) says False: the watchdog's own
+    rules judge the run then.
+    """
+    from flows._provenance._readers import lease
+
+    held = _read_record(run, lease)
     return (
         held is not None
         and held.owner == str(run.id)
@@ -875,12 +901,14 @@ def answer(
     event, ended = _await_verdict(pending, wait_seconds, flow_run_id)
     if event is None and ended is not None:
         # The run ended before judging the answer (its inputs changed since it was pinned,
-        # say): the answer was not judged, and the run's state says why.
+        # say): the answer was not judged, and the run's recorded ending says why.
+        ending = _recorded_ending(ended)
         return fail(
             f"no verdict: the run ended {ended.state_name} before judging the answer"
+            + (f" ({ending.status}, {ending.code})" if ending is not None else "")
             + (f": {ended.state_message}" if ended.state_message else "")
             + f" ('unattended status {flow_run_id}' shows the run)",
-            EXIT_BAD_INPUT if "(spec_changed)" in ended.state_message else EXIT_FAILED,
+            EXIT_BAD_INPUT if ending is not None and ending.code == "spec_changed" else EXIT_FAILED,
         )
     if event is None:
         return fail(

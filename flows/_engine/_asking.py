@@ -142,7 +142,8 @@ async def ask_approval(
         )
         if judgement.verdict == "rejected":
             raise ApprovalRejected(
-                f"round {index}: approval rejected", details={"round": index, "key": request.key}
+                f"round {index}: approval rejected by {judgement.approver}",
+                details={"round": index, "key": request.key},
             )
         if judgement.verdict == "timeout":
             if spec.approvals.on_timeout == "stop":

@@ -13,6 +13,7 @@ rounds_completed, message) and the CLI's exit codes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import subprocess
@@ -35,8 +36,10 @@ from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._provenance import ProvenanceStore
 from flows._settings import Settings
 from flows._spec import LoadedSpec, load_campaign
-from policies import BudgetExceeded
+from policies import BudgetExceeded, classify
 from tasks import BudgetUsed, SiteConfig, load_site
+
+_log = logging.getLogger("unattended.campaign")
 
 
 def code_version() -> str:
@@ -91,18 +94,43 @@ async def run_campaign(
     settings = Settings.from_env(env)  # a bad variable stops here, before any write
     arm_failpoints(settings)
     holder = owner or hooks.flow_run_id or f"process:{socket.gethostname()}:{os.getpid()}"
-    with hold_lease(store, loaded.spec.name, holder, RecoverySettings.from_env(env)) as previous:
-        return await _run_rounds(
-            loaded,
-            site,
-            store,
-            hooks,
-            env=env,
-            work_dir=work_dir,
-            approvers_dir=approvers_dir,
-            run_link=run_link,
-            killed=previous is not None and not previous.released,
-        )
+    name = loaded.spec.name
+    with hold_lease(store, name, holder, RecoverySettings.from_env(env)) as previous:
+        # The run's ending is its last write, made while it still holds the lease: the
+        # runner's watchdog never takes a run that recorded how it ended for an orphan.
+        try:
+            result = await _run_rounds(
+                loaded,
+                site,
+                store,
+                hooks,
+                env=env,
+                work_dir=work_dir,
+                approvers_dir=approvers_dir,
+                run_link=run_link,
+                killed=previous is not None and not previous.released,
+            )
+        except Exception as exc:
+            record_ending(store, name, holder, "failed", classify(exc).code)
+            raise
+        record_ending(store, name, holder, result.status, result.error_code)
+        return result
+
+
+def record_ending(
+    store: ProvenanceStore, name: str, flow_run_id: str, status: str, code: str | None
+) -> bool:
+    """Record how run ``flow_run_id`` ended (``run_ending``), best effort; return whether it was.
+
+    A store that cannot take the write (a full disk) leaves the run without an ending: the
+    runner's watchdog then continues the campaign, as after a crash.
+    """
+    try:
+        store.record_run_ending(name, flow_run_id, status, code)
+    except Exception as exc:  # noqa: BLE001  # the run's own ending is what the caller reports
+        _log.warning("%s: run %s's ending not recorded (%s)", name, flow_run_id, classify(exc).code)
+        return False
+    return True
 
 
 async def _run_rounds(

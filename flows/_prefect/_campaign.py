@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
-from prefect.states import Cancelled, Completed, Failed
+from prefect.states import Cancelled
 
 from flows._engine._approval import (
     ApprovalRequest,
@@ -26,7 +26,7 @@ from flows._engine._approval import (
     candidate_labels,
     describe,
 )
-from flows._engine._direct import code_version, open_store, run_campaign
+from flows._engine._direct import code_version, open_store, record_ending, run_campaign
 from flows._engine._inputs import open_campaign
 from flows._engine._notify import chain
 from flows._engine._registration import Registration, judge_run
@@ -36,10 +36,10 @@ from flows._prefect._approval_form import Approval, approval_form, forget_answer
 from flows._prefect._artifacts import ui_observer
 from flows._prefect._connect import ui_url
 from flows._prefect._current_run import refuse_clone
-from flows._prefect._endings import record_failure
+from flows._prefect._endings import record_failure, state_for_ending
 from flows._prefect._logging import install_log_filters
 from flows._prefect._server import flow_run_ui_url
-from flows._provenance import CampaignFenced, SpecChanged
+from flows._provenance import CampaignFenced, ProvenanceStore, SpecChanged
 from flows._spec import load_campaign
 from flows._telemetry import configure_telemetry
 from policies import classify
@@ -168,8 +168,9 @@ async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | No
         error = classify(exc)
         if error.code != "storage_unavailable":
             raise
-        # A full disk or a read-only directory: the runner's watchdog continues it later.
-        return Failed(message=f"campaign failed ({error.code}): {error.message}")
+        # A full disk or a read-only directory: the runner's watchdog continues it later
+        # (the ending ``failed``/``storage_unavailable`` is recorded if the store took it).
+        return state_for_ending("failed", error.code, error.message)
 
 
 def _refusal() -> State[Any] | None:
@@ -194,7 +195,7 @@ def _refusal() -> State[Any] | None:
     get_run_logger().error("run refused (%s): %s", refusal.code, refusal.message)
     if registration is not None:
         _record_refusal(registration, str(flow_run.id) if flow_run else None, refusal.fields)
-    return Failed(message=f"campaign refused ({refusal.code}): {refusal.message}")
+    return state_for_ending("failed", refusal.code, refusal.message)
 
 
 def _record_refusal(
@@ -217,6 +218,8 @@ def _record_refusal(
             flow_run_id=flow_run_id,
             details={"fields": list(fields), "deployment_id": registration.deployment_id},
         )
+        if flow_run_id is not None:
+            store.record_run_ending(registration.campaign, flow_run_id, "failed", "run_refused")
     finally:
         store.close()
 
@@ -258,12 +261,14 @@ async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
         )
     except CampaignFenced as exc:
         # Another run holds the campaign: end at once, recorded, without touching it.
+        _end(store, loaded.spec.name, flow_run_id, "failed", exc.code)
         return Cancelled(message=f"fenced out: {exc.message}")
     except SpecChanged as exc:
-        return Failed(message=f"campaign failed ({exc.code}): {exc.message}")
+        _end(store, loaded.spec.name, flow_run_id, "failed", exc.code)
+        return state_for_ending("failed", exc.code, exc.message)
     except Exception as exc:
         # A failure outside a round (the executor's start, say): the provenance says so.
-        record_failure(store, loaded.spec.name, exc)
+        record_failure(store, loaded.spec.name, exc, flow_run_id)
         raise
     finally:
         telemetry.flush()
@@ -271,15 +276,17 @@ async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
     return final_state(result)
 
 
+def _end(
+    store: ProvenanceStore, name: str, flow_run_id: str | None, status: str, code: str
+) -> None:
+    """Record this run's ending, unless it has no id (a run outside a deployment)."""
+    if flow_run_id is not None:
+        record_ending(store, name, flow_run_id, status, code)
+
+
 def final_state(result: CampaignResult) -> State[Any]:
-    """Map how the campaign ended onto the flow run's state (the database holds the detail)."""
-    data = {
-        "status": result.status,
-        "error_code": result.error_code,
-        "rounds_completed": result.rounds_completed,
-    }
-    if result.status == "completed":
-        return Completed(message="campaign completed", data=data)
-    return Failed(
-        message=f"campaign {result.status} ({result.error_code}): {result.message}", data=data
-    )
+    """Map how the campaign ended onto the flow run's state (the provenance holds the ending).
+
+    ``run_campaign`` recorded the ending (``run_ending``) before it gave the lease back.
+    """
+    return state_for_ending(result.status, result.error_code, result.message)

@@ -85,7 +85,6 @@ async def refuse_clone() -> State[Any] | None:
     from prefect.context import FlowRunContext
     from prefect.states import Cancelled
 
-    from flows._prefect._endings import FENCED_PREFIX
 
     context = FlowRunContext.get()
     flow_run = context.flow_run if context else None
@@ -101,8 +100,9 @@ async def refuse_clone() -> State[Any] | None:
     )
     get_run_logger().error("run refused (clone_refused): %s", message)
     _record_clone(deployment_id, flow_run_id, current)
-    # Said as a fenced-out run is: the runner's watchdog reads it as no person's cancel.
-    return Cancelled(message=f"{FENCED_PREFIX}: {message} (clone_refused)")
+    # Its recorded ending (failed, clone_refused) tells the runner's watchdog it is no
+    # person's cancel; the message is for people.
+    return Cancelled(message=f"fenced out: {message} (clone_refused)")
 
 
 def _record_clone(deployment_id: str, flow_run_id: str, current: str) -> None:
@@ -128,5 +128,6 @@ def _record_clone(deployment_id: str, flow_run_id: str, current: str) -> None:
             flow_run_id=flow_run_id,
             details={"current": current, "rule": "one_live_run_per_campaign"},
         )
+        store.record_run_ending(registration.campaign, flow_run_id, "failed", "clone_refused")
     finally:
         store.close()

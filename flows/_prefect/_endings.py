@@ -39,9 +39,9 @@ from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.states import Cancelled, Cancelling
+from prefect.states import Cancelled, Cancelling, Completed, Failed
 
 from flows._paths import state_dir_from
 from flows._provenance import ProvenanceStore
@@ -56,10 +56,11 @@ CANCEL_REQUESTED = "cancel_requested"
 CANCELLED_EVENT = "cancelled"
 # The stable code of a campaign a person stopped (its status is ``blocked``).
 CANCELLED_CODE = "cancelled"
-# A run ended by another run's lease is Cancelled too: not a person's cancel.
-FENCED_PREFIX = "fenced out"
-# The message Prefect's runner puts on the runs it cancels when it stops.
+# The message Prefect's runner puts on the runs it cancels when it stops: Prefect's own
+# words, the one state message read back (it marks those runs in no other way).
 SHUTDOWN_MESSAGE = "Runner is shutting down."
+# The code of a campaign an approver stopped by rejecting its request.
+REJECTED_CODE = "approval_rejected"
 STILL_GOING = frozenset({"running", "awaiting_approval"})
 # The run state types of a run that is not over (a cancel stops them; a delete refuses them).
 ACTIVE_TYPES = {
@@ -96,21 +97,6 @@ def cancel_was_requested(store: ProvenanceStore, name: str, flow_run_id: str) ->
     )
 
 
-def cancelled_by_a_person(flow_run: FlowRun, store: ProvenanceStore, name: str) -> bool:
-    """Return whether this ended run was cancelled by a person (``cancel``, the UI, the API).
-
-    A run Prefect's runner cancelled on its own shutdown, or one that ended itself
-    because another run holds the campaign, was not, unless ``cancel`` asked first.
-    """
-    state = flow_run.state
-    if state is None or state.type != StateType.CANCELLED:
-        return False
-    if cancel_was_requested(store, name, str(flow_run.id)):
-        return True
-    message = state.message or ""
-    return message != SHUTDOWN_MESSAGE and not message.startswith(FENCED_PREFIX)
-
-
 def record_cancelled(
     store: ProvenanceStore,
     name: str,
@@ -139,6 +125,8 @@ def record_cancelled(
     rounds = store.load_checkpoint(name).rounds
     open_round = next((i for i, s in sorted(rounds.items()) if s in STILL_GOING), None)
     store.set_campaign_status(name, "blocked", CANCELLED_CODE, round_index=open_round)
+    if flow_run_id is not None:
+        store.record_run_ending(name, flow_run_id, "blocked", CANCELLED_CODE)
     store.record_event(
         name,
         CANCELLED_EVENT,
@@ -185,14 +173,19 @@ def notify_stopped(
         _log.warning("%s: no %s notice (%s)", name, code, type(exc).__name__)
 
 
-def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> bool:
+def record_failure(
+    store: ProvenanceStore, name: str, exc: BaseException, flow_run_id: str | None = None
+) -> bool:
     """Record the campaign as failed with ``exc``'s stable code if it still says running.
 
+    The run's ending (``failed`` with that code) is recorded for ``flow_run_id`` too.
     Best effort: the run's own error is what the caller raises; a store that cannot
     take the write (a full disk) is left as it is, and the watchdog retries the run.
     """
     code = classify(exc).code
     try:
+        if flow_run_id is not None:
+            store.record_run_ending(name, flow_run_id, "failed", code)
         status, _code = campaign_status(store, name)
         if status != "running":
             return False
@@ -202,6 +195,24 @@ def record_failure(store: ProvenanceStore, name: str, exc: BaseException) -> boo
         _log.warning("could not record %s's failure (%s) in its provenance", name, code)
         return False
     return True
+
+
+def state_for_ending(status: str, code: str | None, detail: str = "") -> State[Any]:
+    """Return the Prefect state that shows a run's recorded ending (``run_ending``).
+
+    Completed for a completed campaign. A rejected approval is a person's decision to
+    stop, not a failure: Cancelled, the message naming who (``detail``). Anything else
+    that stopped the campaign is Failed. The message is for people; nothing reads it
+    back (the ending is in the provenance).
+    """
+    data = {"status": status, "error_code": code}
+    if status == "completed":
+        return Completed(message="campaign completed", data=data)
+    if code == REJECTED_CODE:
+        said = detail or "approval rejected"
+        return Cancelled(message=f"stopped: {said} ({status}, {code})", data=data)
+    said = f": {detail}" if detail else ""
+    return Failed(message=f"campaign {status} ({code}){said}", data=data)
 
 
 def registered_store(params: dict[str, Any]) -> tuple[str, ProvenanceStore]:
@@ -297,6 +308,9 @@ async def cancel_campaign(
                 params=registration.parameters,
             )
             outcome.status, outcome.error_code = campaign_status(store, campaign)
+            if (outcome.status, outcome.error_code) == ("blocked", CANCELLED_CODE):
+                for run_id in outcome.runs:  # each cancelled run's ending, typed
+                    store.record_run_ending(campaign, run_id, "blocked", CANCELLED_CODE)
             # The runner's watchdog may have recorded this very cancel first (same request).
             outcome.recorded = recorded or bool(
                 outcome.runs and (outcome.status, outcome.error_code) == ("blocked", CANCELLED_CODE)

@@ -25,9 +25,10 @@ if TYPE_CHECKING:
         Checkpoint,
         GateCallEnd,
         LeaseRow,
+        RunEnding,
         TaskResultRecord,
     )
-    from flows._provenance._schema import CampaignStatus
+    from flows._provenance._schema import CampaignStatus, EndingStatus
     from flows._provenance._store import ProvenanceStore
 
 # Where each public name lives: loaded on first use (PEP 562), so the light read path
@@ -50,9 +51,10 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "Checkpoint",
             "GateCallEnd",
             "LeaseRow",
+            "RunEnding",
             "TaskResultRecord",
         ],
-        "_schema": ["CampaignStatus"],
+        "_schema": ["CampaignStatus", "EndingStatus"],
         "_store": ["ProvenanceStore"],
     },
 )
@@ -67,10 +69,12 @@ __all__ = [
     "CandidateFateRecord",
     "Checkpoint",
     "DecisionMismatch",
+    "EndingStatus",
     "GateCallEnd",
     "LeaseRow",
     "ProvenanceDatabaseError",
     "ProvenanceStore",
+    "RunEnding",
     "SpecChanged",
     "StorageUnavailable",
     "TaskResultRecord",

@@ -22,19 +22,27 @@ from typing import Any
 from sqlalchemy import Connection, Table, delete, func, select, update
 
 from flows._provenance._rows import LeaseRow, jsonable, now
-from flows._provenance._schema import CampaignEvent, InputPin, table
+from flows._provenance._schema import (
+    ENDING_STATUSES,
+    CampaignEvent,
+    InputPin,
+    RunEndingRow,
+    table,
+)
 from flows._provenance._writes import (
     CAMPAIGNS,
     LEASES,
     Fence,
     StoreBase,
     campaign_id,
+    check_choice,
     in_transaction,
     insert_ignore,
 )
 
 EVENTS: Table = table(CampaignEvent)
 PINS: Table = table(InputPin)
+ENDINGS: Table = table(RunEndingRow)
 
 
 def aware(moment: datetime) -> datetime:
@@ -185,6 +193,25 @@ class LeaseAndInputWrites(StoreBase):
             if kind is not None:
                 query = query.where(EVENTS.c.kind == kind)
             return [dict(row._mapping) for row in connection.execute(query.order_by(EVENTS.c.id))]
+
+    # -- how each flow run ended ------------------------------------------------------
+
+    def record_run_ending(
+        self, name: str, flow_run_id: str, status: str, code: str | None = None
+    ) -> None:
+        """Record how flow run ``flow_run_id`` ended (its first recorded ending stays).
+
+        Not fenced: a run refused or fenced out records its ending too, and a person's
+        cancel is recorded by whoever saw it (the CLI, the runner's watchdog).
+        """
+        check_choice(status, ENDING_STATUSES, "status")
+        values = {"flow_run_id": flow_run_id, "status": status, "code": code}
+
+        def work(connection: Connection) -> None:
+            row = {"campaign_id": self._id(connection, name), "recorded_at": now(), **values}
+            insert_ignore(connection, ENDINGS, row, ("campaign_id", "flow_run_id"))
+
+        in_transaction(self.engine, work)
 
     # -- pinned inputs ----------------------------------------------------------------
 

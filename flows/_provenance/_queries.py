@@ -34,6 +34,10 @@ LEASE: Final = (
     "SELECT owner, token, host, pid, heartbeat_at, expires_at, released "
     "FROM campaign_lease WHERE campaign_id = :cid"
 )
+RUN_ENDINGS: Final = (
+    f"SELECT {columns('run_ending', drop=('id', 'campaign_id'))} FROM run_ending "
+    "WHERE campaign_id = :cid ORDER BY id"
+)
 DECISION_OUTCOMES: Final = (
     "SELECT outcome FROM policy_decision WHERE campaign_id = :cid AND round_index <= :last "
     "ORDER BY round_index, seq"

@@ -22,6 +22,7 @@ from flows._provenance._rows import (
     ApprovalRow,
     Checkpoint,
     LeaseRow,
+    RunEnding,
     TaskResultRecord,
     as_dict,
     now,
@@ -57,6 +58,21 @@ def lease(reader: Reader, name: str) -> LeaseRow | None:
         row["expires_at"],
         bool(row["released"]),
     )
+
+
+def run_endings(reader: Reader, name: str) -> dict[str, RunEnding]:
+    """Return how each of campaign ``name``'s flow runs ended, by flow run id (recorded only)."""
+    cid = campaign_id(reader, name)
+    rows = [] if cid is None else reader.all(sql.RUN_ENDINGS, cid=cid)
+    return {
+        str(row["flow_run_id"]): RunEnding(
+            str(row["flow_run_id"]),
+            str(row["status"]),
+            row["code"],
+            utc(row["recorded_at"]) or now(),
+        )
+        for row in rows
+    }
 
 
 def require_campaign(reader: Reader, name: str) -> int:
@@ -401,6 +417,11 @@ class StoreReads:
         """Return every campaign's name, status, error code, site and round count."""
         with self.reading() as reader:
             return campaigns(reader)
+
+    def run_endings(self, name: str) -> dict[str, RunEnding]:
+        """Return how each of campaign ``name``'s flow runs ended (``run_ending``), by run id."""
+        with self.reading() as reader:
+            return run_endings(reader, name)
 
     def summary(self, name: str) -> dict[str, Any]:
         """Return campaign ``name``'s summary (rounds, dispositions, approvals, best result)."""

@@ -24,6 +24,7 @@ KNOWN_REVISIONS: Final[tuple[str, ...]] = (
     "0008",
     "0009",
     "0010",
+    "0011",
 )
 HEAD_REVISION: Final[str] = KNOWN_REVISIONS[-1]
 # The SQL that reads the stamp (one row, one column) when alembic_version exists.

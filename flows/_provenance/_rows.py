@@ -275,6 +275,20 @@ def process_gone(host: str, pid: int) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunEnding:
+    """How one flow run ended, as it recorded it (``run_ending``, revision 0011).
+
+    ``status`` is a campaign status other than ``running`` (``EndingStatus``); ``code``
+    the stable error code of a run that stopped (None for ``completed``).
+    """
+
+    flow_run_id: str
+    status: str
+    code: str | None
+    recorded_at: datetime
+
+
+@dataclasses.dataclass(frozen=True)
 class LeaseRow:
     """Who holds a campaign's lease, and until when."""
 

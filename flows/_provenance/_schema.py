@@ -42,6 +42,16 @@ CampaignStatus: TypeAlias = Literal[
     "failed",
 ]
 CAMPAIGN_STATUSES: Final[tuple[CampaignStatus, ...]] = get_args(CampaignStatus)
+# How one flow run of a campaign ended, as the flow itself recorded it (revision 0011):
+# a campaign status other than ``running``, with the stable code of a stopped run.
+EndingStatus: TypeAlias = Literal[
+    "completed",
+    "blocked",
+    "escalated",
+    "awaiting_approval",
+    "failed",
+]
+ENDING_STATUSES: Final[tuple[EndingStatus, ...]] = get_args(EndingStatus)
 ROUND_STATUSES: Final = CAMPAIGN_STATUSES
 # ``failed``: a failing producer or check stopped the call (revision 0010).
 DISPOSITIONS: Final = ("pending", "accepted", "fallback", "not_accepted", "failed")
@@ -400,6 +410,30 @@ class CampaignEvent(SQLModel, table=True):
     flow_run_id: str | None = None
     actor: str | None = None
     details: Any | None = Field(default=None, sa_type=JSON)
+    recorded_at: datetime = Field(sa_type=_TS)
+
+
+class RunEndingRow(SQLModel, table=True):
+    """How one flow run ended, in the flow's own words: a status and a stable code (revision 0011).
+
+    Written by the run as its last act while it still holds the campaign's lease (a run
+    refused, fenced out or failed outside a round writes one too), or by whoever recorded
+    a person's cancel of it. The runner's watchdog, ``status`` and the CLI read it instead
+    of the run's Prefect state message; a run without one ended without saying how (killed,
+    forced through the API, or its storage failed).
+    """
+
+    __tablename__ = "run_ending"
+    __table_args__ = (
+        UniqueConstraint("campaign_id", "flow_run_id", name="uq_run_ending"),
+        CheckConstraint(_in("status", ENDING_STATUSES), name="ck_run_ending_status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: int = Field(foreign_key="campaign.id", ondelete="CASCADE")
+    flow_run_id: str
+    status: str
+    code: str | None = None
     recorded_at: datetime = Field(sa_type=_TS)
 
 

@@ -51,6 +51,7 @@ COLUMNS: Final[dict[str, str]] = {
     "expires_at:ts released:bool",
     "input_pin": "id campaign_id revision name file sha256 recorded_at:ts",
     "campaign_event": "id campaign_id kind flow_run_id actor details:json recorded_at:ts",
+    "run_ending": "id campaign_id flow_run_id status code recorded_at:ts",
     "candidate_fate": "id campaign_id round_index call_index source candidate_index "
     "candidate:json fate rule actor reason recorded_at:ts",
 }

@@ -15,18 +15,17 @@ from uuid import uuid4
 
 import pytest
 from prefect.client.schemas.objects import FlowRun
-from prefect.states import Cancelled, Cancelling, Completed, Crashed, Failed, Pending, Running
+from prefect.states import Cancelling, Completed, Crashed, Running
 
 from flows._engine._fencing import RecoverySettings
 from flows._prefect import _recovery as recovery
 from flows._prefect._recovery import (
     EXHAUSTED_CODE,
     MAX_CONTINUATIONS,
-    SHUTDOWN_MESSAGE,
     continuations,
-    counted,
     stop_exhausted,
 )
+from flows._prefect._recovery_plan import StopExhausted
 from flows._provenance import ProvenanceStore
 from tasks import TaskResult
 
@@ -71,13 +70,6 @@ def _finish_a_task(store: ProvenanceStore) -> None:
 
 def _run(state: Any) -> FlowRun:
     return FlowRun(id=uuid4(), name="r", flow_id=uuid4(), state=state)
-
-
-class TestCounted:
-    def test_crashed_and_failed_runs_count_a_runner_s_shutdown_does_not(self) -> None:
-        assert counted(_run(Crashed()))
-        assert counted(_run(Failed(message="campaign failed (storage_unavailable): x")))
-        assert not counted(_run(Cancelled(message=SHUTDOWN_MESSAGE)))
 
 
 class TestContinuations:
@@ -131,7 +123,8 @@ class TestStopExhausted:
             _continued(store)
         tally = continuations(store, "c")
         params = {"spec_path": str(tmp_path / "missing.toml")}  # no notice config to load
-        said = stop_exhausted(store, params, "c", _run(Crashed()), tally)
+        action = StopExhausted(str(uuid4()), "its run crashed", datetime.now(UTC), tally.count)
+        said = stop_exhausted(store, params, "c", action, tally)
         assert EXHAUSTED_CODE in said
         (row,) = store.campaigns()
         assert (row["status"], row["error_code"]) == ("failed", EXHAUSTED_CODE)
@@ -292,10 +285,27 @@ class TestSweepOfARunningCampaign:
         assert client.states == []
         assert store.events("c", "orphan_crashed") == []
 
-    def test_alive_here_only_needs_every_running_or_pending_run_here(self) -> None:
-        running, pending = _run(Running()), _run(Pending())
-        alive = {str(running.id), str(pending.id)}
-        assert recovery._alive_here_only([running, pending, _run(Crashed())], alive)
-        assert not recovery._alive_here_only([running, pending], {str(running.id)})
-        assert not recovery._alive_here_only([_run(Completed())], alive)
-        assert not recovery._alive_here_only([running, _run(Cancelling())], alive)
+    def test_a_finished_campaign_is_read_once_until_its_runs_change(
+        self, store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        opened: list[Any] = []
+
+        def campaign_store(parameters: Any) -> Any:
+            opened.append(parameters)
+            return "c", _Unclosed(store)
+
+        monkeypatch.setattr(recovery, "campaign_store", campaign_store)
+        store.set_campaign_status("c", "completed")
+        done = FlowRun(
+            id=uuid4(), name="r", flow_id=uuid4(), state=Completed(), parameters={"spec_path": "x"}
+        )
+        store.record_run_ending("c", str(done.id), "completed")
+        registration = SimpleNamespace(parameters={"spec_path": "x"}, deployment_id="d")
+        watchdog = recovery.Watchdog(SETTINGS)
+        deployment = SimpleNamespace(id=uuid4())
+        for _ in range(3):
+            sweep = watchdog._sweep_one(
+                _Client([done]), deployment, registration, datetime.now(UTC), set()
+            )
+            assert asyncio.run(sweep) == []
+        assert len(opened) == 1

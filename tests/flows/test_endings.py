@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -16,12 +17,15 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelled, Crashed
 
 from flows._cli._render import shown_status
+from flows._engine._fencing import RecoverySettings
 from flows._prefect._endings import (
     CANCEL_REQUESTED,
-    cancelled_by_a_person,
     record_cancelled,
     record_failure,
+    state_for_ending,
 )
+from flows._prefect._recovery import read_record, seen_run
+from flows._prefect._recovery_plan import Continuations, Continue, RecordCancel, plan
 from flows._provenance import ProvenanceStore
 from policies import PolicyDenied
 
@@ -91,28 +95,63 @@ class TestRecordCancelled:
 
 
 class TestCancelledByAPerson:
+    """Prefect's states and the store, read as the watchdog reads them, then its plan."""
+
+    def _plan(self, store: ProvenanceStore, flow_run: FlowRun) -> list[Any]:
+        now = datetime.now(UTC)
+        seen = seen_run(flow_run, None, set(), now)
+        record = read_record(store, NAME, Continuations())
+        return plan([seen], record, now, RecoverySettings())
+
     def test_the_uis_cancel_is_a_persons(self, store: ProvenanceStore) -> None:
         run = _run(Cancelled(message="Flow run was cancelled successfully."))
-        assert cancelled_by_a_person(run, store, NAME)
+        assert [type(a) for a in self._plan(store, run)] == [RecordCancel]
 
     def test_a_runners_shutdown_is_not(self, store: ProvenanceStore) -> None:
-        assert not cancelled_by_a_person(
-            _run(Cancelled(message="Runner is shutting down.")), store, NAME
-        )
+        (action,) = self._plan(store, _run(Cancelled(message="Runner is shutting down.")))
+        assert isinstance(action, Continue)
+        assert not action.counted
 
     def test_a_fenced_out_run_is_not(self, store: ProvenanceStore) -> None:
         run = _run(Cancelled(message="fenced out: another run holds the campaign"))
-        assert not cancelled_by_a_person(run, store, NAME)
+        store.record_run_ending(NAME, str(run.id), "failed", "fenced_out")
+        assert self._plan(store, run) == []
 
     def test_a_requested_cancel_counts_whatever_message_the_run_ended_with(
         self, store: ProvenanceStore
     ) -> None:
         run = _run(Cancelled(message="Runner is shutting down."))
         store.record_event(NAME, CANCEL_REQUESTED, flow_run_id=str(run.id), actor="alice")
-        assert cancelled_by_a_person(run, store, NAME)
+        assert [type(a) for a in self._plan(store, run)] == [RecordCancel]
 
     def test_a_crash_is_not_a_cancel(self, store: ProvenanceStore) -> None:
-        assert not cancelled_by_a_person(_run(Crashed()), store, NAME)
+        assert [type(a) for a in self._plan(store, _run(Crashed()))] == [Continue]
+
+    def test_a_recorded_cancel_records_the_runs_ending(self, store: ProvenanceStore) -> None:
+        run_id = str(uuid4())
+        assert record_cancelled(store, NAME, flow_run_id=run_id, actor="alice", how="cli")
+        assert store.run_endings(NAME)[run_id].code == "cancelled"
+
+
+class TestStateForEnding:
+    """What Prefect shows of a recorded ending (nothing reads its message back)."""
+
+    def test_a_completed_campaign_is_completed(self) -> None:
+        assert state_for_ending("completed", None).type.value == "COMPLETED"
+
+    def test_a_rejection_is_a_persons_stop_not_a_failure(self) -> None:
+        state = state_for_ending(
+            "blocked", "approval_rejected", "round 2: approval rejected by bob"
+        )
+        assert state.type.value == "CANCELLED"
+        assert state.message == (
+            "stopped: round 2: approval rejected by bob (blocked, approval_rejected)"
+        )
+
+    def test_any_other_stop_fails_with_its_status_and_code(self) -> None:
+        state = state_for_ending("escalated", "policy_denied", "rule r")
+        assert state.type.value == "FAILED"
+        assert state.message == "campaign escalated (policy_denied): rule r"
 
 
 class TestCancelNotice:
