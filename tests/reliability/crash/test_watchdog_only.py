@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 from crash_harness import (
+    FAST,
     LoginNode,
     assert_same_record,
     batch_launched,
@@ -84,3 +85,55 @@ def test_a_killed_flow_run_process_is_continued_by_the_watchdog_alone(
     assert ran[0] == executions[0]
     assert ran[2] == executions[2]
     assert executions[1] <= ran[1] <= 2 * executions[1]
+
+
+def test_a_killed_runner_never_marks_the_finished_run_crashed(
+    login_nodes: Callable[..., LoginNode], model_server: Any, reference: Any
+) -> None:
+    """Only the runner is SIGKILLed mid-batch; its flow-run process finishes the campaign.
+
+    A new runner (``serve --detach``, as cron would) sees a Running run it does not
+    execute. That run holds the lease while it works, records its ending, then gives the
+    lease back a moment before Prefect hears it completed. The test holds the run in that
+    moment (SIGSTOP, for longer than the lease TTL) so the new runner's watchdog sweeps
+    it there: it must never take it for an orphan (issue 43: it marked the finished run
+    Crashed, "running for 82 s without holding the campaign's lease").
+    """
+    operator = login_nodes("runner-only")  # its own name: runs are listed by campaign tag
+    campaign = operator.campaign
+    operator.env |= slow(campaign, 2.0)  # the rounds outlast the new runner's start
+    assert operator.submit().returncode == 0
+    operator.serve()
+    runner = operator.runner_pid()
+    assert runner is not None
+    wait_until(lambda: batch_launched(campaign, 1), "round 1's batch on the allocation")
+    ((owner, host, pid),) = rows(campaign.database, "SELECT owner, host, pid FROM campaign_lease")
+    flow_run = psutil.Process(pid)
+    assert runner in {p.pid for p in flow_run.parents()}
+    os.kill(runner, signal.SIGKILL)  # the runner only: its flow-run process goes on
+    operator.wait_runner_gone()
+    assert not process_gone(host, pid)
+    operator.serve()  # a new runner, while the old one's flow run still works
+
+    deadline = time.monotonic() + 180
+    while not rows(campaign.database, "SELECT 1 FROM campaign_lease WHERE released = 1"):
+        assert time.monotonic() < deadline, "the flow run never gave the lease back"
+        time.sleep(0.005)
+    flow_run.suspend()  # between the lease given back and Prefect's Completed
+    try:
+        assert operator.state_of(owner) == "RUNNING"  # held in the window, not after it
+        time.sleep(float(FAST["UNATTENDED_LEASE_TTL_SECONDS"]) + 3)  # sweeps see it there
+    finally:
+        flow_run.resume()
+
+    operator.completes()
+    wait_until(lambda: process_gone(host, pid), "the flow-run process to finish")
+    finished = next(run for run in operator.runs() if run["id"] == owner)
+    assert finished["state"]["type"] == "COMPLETED", finished["state"]
+    assert [run["id"] for run in operator.runs()] == [owner]  # nothing continued it
+    assert "orphan_crashed" not in events(campaign)
+    ending = "SELECT status, code FROM run_ending WHERE flow_run_id = ?"
+    assert rows(campaign.database, ending, owner) == [("completed", None)]
+    assert_same_record(campaign, reference, model_server)
+    _record, _inferences, executions = reference
+    assert campaign.executions() == executions  # nothing ran twice
