@@ -114,7 +114,7 @@ def _cancel(args: argparse.Namespace) -> int:
             f"campaign {name} cancelled: recorded in its provenance (status blocked, code "
             f"{CANCELLED_CODE}); the runner will not continue it"
         )
-        if outcome.runs:
+        if outcome.runs and outcome.in_flight:
             print(
                 "a batch in flight was not finished: tasks that ended keep their results; "
                 "'unattended submit' continues the campaign from its last completed round "

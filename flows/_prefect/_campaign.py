@@ -13,12 +13,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Crashed
 
 from flows._engine._approval import (
     ApprovalRequest,
@@ -87,7 +88,11 @@ async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval | Unr
         answer = await suspend_flow_run(  # type: ignore[misc]
             wait_for_input=form, key=request.pause_key(refused)
         )
-    except Exception as exc:  # noqa: BLE001  # Prefect's suspend signal is a BaseException
+    except Exception as exc:  # Prefect's suspend signal is a BaseException
+        if _is_outage(exc):
+            # The server did not answer: nobody answered either. The run stops here,
+            # nothing recorded, and the runner's watchdog continues it on the same request.
+            raise RunInterrupted(request.pause_key(refused), type(exc).__name__) from exc
         # An input the form cannot read (planted through the API, or a run forced out of
         # its suspension): an answer like any other, judged (refused) and recorded, and
         # the run waits again; it never fails the campaign.
@@ -98,6 +103,32 @@ async def _suspend_for(request: ApprovalRequest, refused: int) -> Approval | Unr
         )
         return UnreadableAnswer(reason=type(exc).__name__)
     return cast(Approval, answer)
+
+
+SERVER_UNAVAILABLE = "server_unavailable"
+
+
+class RunInterrupted(BaseException):  # a signal, like Prefect's own Pause
+    """The run cannot go on now and nothing was decided: it ends as crashed.
+
+    Raised when the Prefect server cannot be reached while the run suspends for an
+    approval or reads the answer. A ``BaseException``, like Prefect's suspend signal, so
+    it passes the engine's ``except Exception`` untouched: no status, no ending and no
+    answer are recorded. The flow returns *Crashed*; the runner's watchdog continues the
+    campaign, whose new run waits on the same request (its notice was sent once).
+    """
+
+    def __init__(self, pause_key: str, cause: str) -> None:
+        super().__init__(pause_key, cause)
+        self.pause_key = pause_key
+        self.cause = cause
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """Return whether ``exc`` says the server could not be reached (not a bad answer)."""
+    if isinstance(exc, httpx.TransportError | ConnectionError):
+        return True
+    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
 
 
 class RunLog:
@@ -164,6 +195,16 @@ async def campaign_flow(spec_path: str, site: str = "local", state_dir: str | No
         return refused
     try:
         return await _campaign(spec_path, site, state_dir)
+    except RunInterrupted as stop:
+        get_run_logger().warning(
+            "approval %s: the server could not be reached (%s); the run stops as crashed "
+            "and the runner continues it on the same request",
+            stop.pause_key,
+            stop.cause,
+        )
+        return Crashed(
+            message=f"interrupted ({SERVER_UNAVAILABLE}): {stop.cause} at {stop.pause_key}"
+        )
     except Exception as exc:
         error = classify(exc)
         if error.code != "storage_unavailable":

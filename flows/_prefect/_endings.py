@@ -82,6 +82,8 @@ class CancelOutcome:
     recorded: bool = False
     status: str | None = None
     error_code: str | None = None
+    # Batches launched and not finished when the cancel came (none while awaiting approval).
+    in_flight: int = 0
 
 
 def campaign_status(store: ProvenanceStore, name: str) -> tuple[str | None, str | None]:
@@ -281,6 +283,7 @@ async def cancel_campaign(
     async with get_client() as client:
         try:
             active = still_active(await _runs(client, deployment_id))
+            outcome.in_flight = store.batches_in_flight(campaign)
             message = f"cancelled by {actor} with 'unattended cancel'"
             for run in active:
                 store.record_event(campaign, CANCEL_REQUESTED, flow_run_id=str(run.id), actor=actor)

@@ -53,6 +53,9 @@ APPROVAL_EVENTS: Final = (
 TASK_RESULTS: Final = (
     f"SELECT {columns('task_result')} FROM task_result WHERE batch_id = :batch ORDER BY task_index"
 )
+BATCHES_IN_FLIGHT: Final = (
+    "SELECT count(*) FROM batch WHERE campaign_id = :cid AND status = 'launched'"
+)
 BATCH_BY_KEY: Final = "SELECT id, status FROM batch WHERE key = :key"
 CAMPAIGNS: Final = (
     "SELECT c.name, c.status, c.error_code, c.site, COALESCE(r.rounds, 0) AS rounds, "

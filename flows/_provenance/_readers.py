@@ -75,6 +75,12 @@ def run_endings(reader: Reader, name: str) -> dict[str, RunEnding]:
     }
 
 
+def batches_in_flight(reader: Reader, name: str) -> int:
+    """Return how many of campaign ``name``'s batches were launched and not finished."""
+    cid = campaign_id(reader, name)
+    return 0 if cid is None else int(reader.scalars(sql.BATCHES_IN_FLIGHT, cid=cid)[0])
+
+
 def require_campaign(reader: Reader, name: str) -> int:
     """Return campaign ``name``'s id or raise :class:`NotFound`."""
     found = campaign_id(reader, name)
@@ -422,6 +428,11 @@ class StoreReads:
         """Return how each of campaign ``name``'s flow runs ended (``run_ending``), by run id."""
         with self.reading() as reader:
             return run_endings(reader, name)
+
+    def batches_in_flight(self, name: str) -> int:
+        """Return how many of campaign ``name``'s batches were launched and not finished."""
+        with self.reading() as reader:
+            return batches_in_flight(reader, name)
 
     def summary(self, name: str) -> dict[str, Any]:
         """Return campaign ``name``'s summary (rounds, dispositions, approvals, best result)."""
