@@ -126,9 +126,9 @@ def record_cancelled(
             actor, how = asked[-1]["actor"], "unattended cancel"
     rounds = store.load_checkpoint(name).rounds
     open_round = next((i for i, s in sorted(rounds.items()) if s in STILL_GOING), None)
-    store.set_campaign_status(name, "blocked", CANCELLED_CODE, round_index=open_round)
-    if flow_run_id is not None:
+    if flow_run_id is not None:  # first: idempotent, and the status still says going
         store.record_run_ending(name, flow_run_id, "blocked", CANCELLED_CODE)
+    store.set_campaign_status(name, "blocked", CANCELLED_CODE, round_index=open_round)
     store.record_event(
         name,
         CANCELLED_EVENT,

@@ -47,6 +47,7 @@ JUDGED: Final = frozenset({"RUNNING", "PENDING"})
 STILL_GOING: Final = frozenset({"running", "awaiting_approval"})
 TRANSIENT_CODE: Final = "storage_unavailable"
 EXHAUSTED_CODE: Final = "continuations_exhausted"
+CANCELLED_CODE: Final = "cancelled"
 _EPOCH: Final = datetime.min.replace(tzinfo=UTC)
 
 
@@ -311,11 +312,14 @@ def continuation_reason(run: SeenRun, ending: RunEnding | None) -> tuple[str, bo
 
 
 def _person_cancelled(run: SeenRun, record: Record) -> bool:
+    """A Cancelled run a person stopped: asked by ``cancel``, or neither a runner's
+    shutdown nor a run that recorded another ending (fenced out, an approval rejected)."""
     if run.state != "CANCELLED":
         return False
     if run.id in record.cancel_asked:
         return True
-    return not run.shutdown and run.id not in record.endings
+    ending = record.endings.get(run.id)
+    return not run.shutdown and (ending is None or ending.code == CANCELLED_CODE)
 
 
 def plan(
