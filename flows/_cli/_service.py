@@ -627,7 +627,7 @@ def _recovery(run: RunView, *, ours: bool = False) -> str | None:
         return None
     if run.state_type == "RUNNING" and _holds_live_lease(run):
         return None  # the watchdog leaves it alone (orphan_reason); no Prefect to say so
-    from flows._prefect._recovery import recovery_note_of
+    from flows._prefect._recovery_note import recovery_note_of
 
     return recovery_note_of(run.id, runner_alive=runner_alive()) or None
 

@@ -229,7 +229,8 @@ def registered_store(params: dict[str, Any]) -> tuple[str, ProvenanceStore]:
     return loaded.spec.name, open_store(site, loaded, home)
 
 
-async def _runs(client: Any, deployment_id: Any) -> list[FlowRun]:
+async def deployment_runs(client: Any, deployment_id: Any) -> list[FlowRun]:
+    """Return the newest 20 flow runs of a deployment (what the watchdog and cancel judge)."""
     runs: list[FlowRun] = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(
             deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id])
@@ -282,7 +283,7 @@ async def cancel_campaign(
     campaign, store = registered_store(registration.parameters)
     async with get_client() as client:
         try:
-            active = still_active(await _runs(client, deployment_id))
+            active = still_active(await deployment_runs(client, deployment_id))
             outcome.in_flight = store.batches_in_flight(campaign)
             message = f"cancelled by {actor} with 'unattended cancel'"
             for run in active:
@@ -293,7 +294,7 @@ async def cancel_campaign(
                 say(f"asked Prefect to cancel {len(active)} run(s) of {campaign}")
             deadline = time.monotonic() + (wait_seconds if runner_serves else 0.0)
             while True:
-                still = still_active(await _runs(client, deployment_id))
+                still = still_active(await deployment_runs(client, deployment_id))
                 if not still or time.monotonic() >= deadline:
                     break
                 await asyncio.sleep(0.5)

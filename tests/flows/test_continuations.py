@@ -25,6 +25,7 @@ from flows._prefect._recovery import (
     continuations,
     stop_exhausted,
 )
+from flows._prefect._recovery_note import recovery_note
 from flows._prefect._recovery_plan import StopExhausted
 from flows._provenance import ProvenanceStore
 from tasks import TaskResult
@@ -140,7 +141,7 @@ class TestStatusNote:
     ) -> None:
         store.set_campaign_status("c", "failed", EXHAUSTED_CODE)
         monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
-        note = recovery.recovery_note(_run(Crashed()), runner_alive=True)
+        note = recovery_note(_run(Crashed()), runner_alive=True)
         assert note is not None
         assert note.startswith(f"stopped ({EXHAUSTED_CODE})")
         assert "continues it within" not in note
@@ -151,7 +152,7 @@ class TestStatusNote:
         for _ in range(3):
             _continued(store)
         monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
-        note = recovery.recovery_note(_run(Crashed()), runner_alive=True)
+        note = recovery_note(_run(Crashed()), runner_alive=True)
         assert note is not None
         assert f"(continuation 4 of {MAX_CONTINUATIONS})" in note
         within = int(note.split("within ")[1].split(" s")[0])
@@ -163,7 +164,7 @@ class TestStatusNote:
         for _ in range(MAX_CONTINUATIONS):
             _continued(store)
         monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
-        note = recovery.recovery_note(_run(Crashed()), runner_alive=True)
+        note = recovery_note(_run(Crashed()), runner_alive=True)
         assert note is not None
         assert "the runner stops it (continuations_exhausted)" in note
 

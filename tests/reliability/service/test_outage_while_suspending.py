@@ -24,7 +24,7 @@ from flows._prefect._rest import request
 from flows._prefect._server import client_env
 from flows._provenance._rows import process_gone
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420, func_only=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600, func_only=True)]
 __all__ = ["stack"]  # the fixture, used by name
 
 FAST = {
@@ -82,7 +82,7 @@ def test_a_server_killed_while_a_run_suspends_is_no_answer(stack: Stack) -> None
     stack.stop_runner()
     stack.start_server()
     stack.start_runner()
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300  # a server's and a runner's start, a TTL, a run's start
     while True:
         again = [r for r in _runs(stack) if r["id"] != str(submitted.flow_run_id)]
         if again and again[0]["state"]["type"] == "PAUSED":

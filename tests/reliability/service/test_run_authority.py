@@ -253,7 +253,7 @@ class TestForcedRunning:
 
         from prefect.client.orchestration import get_client
 
-        from flows._prefect import _recovery as recovery
+        from flows._prefect._recovery_note import recovery_note
 
         monkeypatch.setenv("UNATTENDED_HOME", str(owner.home))  # the owner's `status`
         forced = owner.flow_run_id
@@ -271,14 +271,14 @@ class TestForcedRunning:
         # Lease-less beyond a heartbeat (the short one set here): status says when it ends.
         monkeypatch.setenv("UNATTENDED_HEARTBEAT_SECONDS", "0.2")
         until = datetime.now(UTC) + timedelta(seconds=1)
-        while recovery.recovery_note(run, runner_alive=True, alive=set()) is None:
+        while recovery_note(run, runner_alive=True, alive=set()) is None:
             assert datetime.now(UTC) < until, "no note a heartbeat after the forced state"
-        note = recovery.recovery_note(run, runner_alive=True, alive=set())
+        note = recovery_note(run, runner_alive=True, alive=set())
         assert note is not None
         assert "runner ends it as orphaned in" in note
         assert "within" not in note
         # A process of the runner executing it: nothing to say, nothing to do.
-        assert recovery.recovery_note(run, runner_alive=True, alive={str(forced)}) is None
+        assert recovery_note(run, runner_alive=True, alive={str(forced)}) is None
 
         ttl = owner.service.watchdog.settings.lease_ttl_seconds
         early = asyncio.run(owner.service.watchdog.sweep())
