@@ -85,7 +85,6 @@ async def refuse_clone() -> State[Any] | None:
     from prefect.context import FlowRunContext
     from prefect.states import Cancelled
 
-
     context = FlowRunContext.get()
     flow_run = context.flow_run if context else None
     if flow_run is None or flow_run.deployment_id is None:
