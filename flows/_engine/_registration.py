@@ -128,8 +128,7 @@ def require_registration(state_dir: Path, campaign: str) -> Registration:
     registration = read_registration(state_dir, campaign)
     if registration is None:
         raise NotFound(
-            f"no campaign named {campaign!r} was submitted from this state directory "
-            f"({state_dir})",
+            f"no campaign named {campaign!r} was submitted from this state directory ({state_dir})",
             details={"campaign": campaign, "state_dir": str(state_dir)},
         )
     return registration

@@ -68,6 +68,7 @@ from flows._prefect._recovery_plan import (
     Continue,
     CrashOrphan,
     EndCancel,
+    Leave,
     ReadRecord,
     Record,
     RecordCancel,
@@ -276,6 +277,8 @@ class Watchdog:
     quiet: dict[str, tuple[tuple[str, str, datetime], ...]] = field(default_factory=dict)
     # Runs of another's making whose refusal is recorded already.
     refused_runs: set[str] = field(default_factory=set)
+    # Ended runs after which a campaign was left as it is, said already (``Leave``).
+    left: set[str] = field(default_factory=set)
     # Held while one campaign is judged; a submission takes it too (CampaignService).
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -337,12 +340,14 @@ class Watchdog:
         try:
             record = read_record(store, name, self._counted_so_far(store, name))
             actions = plan(runs, record, now, self.settings)
-            if not actions:
+            # A campaign left as it is is said so once a run; then it is quiet.
+            fresh = [a for a in actions if not (isinstance(a, Leave) and a.after in self.left)]
+            if not fresh:
                 self.quiet[key] = _signature(runs)
                 return refused
             self.quiet.pop(key, None)
             done = []
-            for action in (a for a in actions if a.at <= now):
+            for action in (a for a in fresh if a.at <= now):
                 said = await self._carry_out(client, deployment, registration, store, name, action)
                 if said:
                     done.append(said)
@@ -399,6 +404,12 @@ class Watchdog:
                     params=registration.parameters,
                 )
                 return f"recorded {name} as cancelled (run {run_id})" if recorded else None
+            case Leave(after=after, cancelled=True):
+                self.left.add(after)
+                return f"left {name} cancelled (run {after}): a person's cancel is never continued"
+            case Leave(after=after, status=status, code=code):
+                self.left.add(after)
+                return f"left {name} {status} ({code}) after run {after}: not continued"
             case StopExhausted():
                 tally = self._counted_so_far(store, name)
                 return stop_exhausted(store, registration.parameters, name, action, tally)

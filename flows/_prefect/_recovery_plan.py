@@ -204,8 +204,22 @@ class StopExhausted:
     count: int = 0  # the continuations made in a row without progress
 
 
+@dataclass(frozen=True)
+class Leave:
+    """Leave the campaign as it is after ``after`` ended: a person's cancel, or a stop.
+
+    Nothing is done; the watchdog says so once a run (its word that it judged the run).
+    """
+
+    after: str
+    cancelled: bool
+    status: str | None
+    code: str | None
+    at: datetime
+
+
 Action: TypeAlias = (
-    ReadRecord | CrashOrphan | Settle | EndCancel | RecordCancel | Continue | StopExhausted
+    ReadRecord | CrashOrphan | Settle | EndCancel | RecordCancel | Continue | StopExhausted | Leave
 )
 
 
@@ -359,13 +373,14 @@ def _plan(
         return actions
     newest = max(ours, key=lambda run: run.created)
     found = _need(record)
-    if not found.resumable:
-        return actions
-    if _person_cancelled(newest, found):
-        if found.status in STILL_GOING:
-            actions.append(RecordCancel(newest.id, now))
-        return actions
+    cancelled = _person_cancelled(newest, found)
     reason = continuation_reason(newest, found.endings.get(newest.id))
+    if cancelled and found.status in STILL_GOING:
+        actions.append(RecordCancel(newest.id, now))
+        return actions
+    if cancelled or (reason is not None and not found.resumable):
+        actions.append(Leave(newest.id, cancelled, found.status, found.code, now))
+        return actions
     if reason is None:
         return actions
     why, counted = reason

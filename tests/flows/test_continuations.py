@@ -15,7 +15,7 @@ from uuid import uuid4
 
 import pytest
 from prefect.client.schemas.objects import FlowRun
-from prefect.states import Cancelling, Completed, Crashed, Running
+from prefect.states import Completed, Crashed, Running
 
 from flows._engine._fencing import RecoverySettings
 from flows._prefect import _recovery as recovery

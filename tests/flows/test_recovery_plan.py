@@ -16,6 +16,7 @@ from flows._prefect._recovery_plan import (
     Continue,
     CrashOrphan,
     EndCancel,
+    Leave,
     ReadRecord,
     Record,
     RecordCancel,
@@ -160,8 +161,8 @@ CASES = {
     "orphan-of-a-campaign-that-ended-is-not-continued": (
         [run("RUNNING")],
         record("completed"),
-        ["CrashOrphan"],
-        ["CrashOrphan"],
+        ["CrashOrphan", "Leave"],
+        ["CrashOrphan", "Leave"],
     ),
     # Issue 43: a run that recorded its ending is never an orphan, whatever the lease says.
     "finished-lease-released": (
@@ -202,7 +203,12 @@ CASES = {
         [],
         [],
     ),
-    "crashed-campaign-blocked": ([run("CRASHED")], record("blocked", "policy_denied"), [], []),
+    "crashed-campaign-blocked": (
+        [run("CRASHED")],
+        record("blocked", "policy_denied"),
+        ["Leave"],
+        ["Leave"],
+    ),
     "shutdown": ([run("CANCELLED", shutdown=True)], record(), ["Continue"], ["Continue"]),
     "shutdown-after-a-cancel-asked": (
         [run("CANCELLED", shutdown=True)],
@@ -214,8 +220,8 @@ CASES = {
     "a-cancel-already-recorded": (
         [run("CANCELLED")],
         record("blocked", "cancelled", endings=(ending("blocked", "cancelled"),)),
-        [],
-        [],
+        ["Leave"],
+        ["Leave"],
     ),
     "fenced-out": (
         [run("CANCELLED")],
@@ -451,5 +457,8 @@ class TestPlanProperties:
 
 
 def test_record_cancel_only_for_a_campaign_still_going() -> None:
-    assert plan([run("CANCELLED")], record("failed", "storage_unavailable"), NOW, SETTINGS) == []
+    stopped = record("failed", "storage_unavailable")
+    assert plan([run("CANCELLED")], stopped, NOW, SETTINGS) == [
+        Leave("r1", True, "failed", "storage_unavailable", NOW)
+    ]
     assert plan([run("CANCELLED")], record("running"), NOW, SETTINGS) == [RecordCancel("r1", NOW)]
