@@ -422,7 +422,9 @@ class AllocationExecutor:
             # One shared iterator: a bounded set of consumers, not one task per item.
             for index, task in queue:
                 durable_key = f"{key_prefix}/{index}" if durable else None
-                result = await self._run(task, f"{key_prefix}/{index}-{token}", index, durable_key)
+                result = await self._run(
+                    task, f"{key_prefix}/{index}-{token}", index, durable_key, one_more
+                )
                 results[index] = result
                 if self._watch is not None:  # before on_result: it records the job's window
                     await self._watch.saw_task_in(result.job_id)
@@ -444,9 +446,17 @@ class AllocationExecutor:
             # 4x slower for 10k). A process pool's pipe needs a deeper queue.
             depth = 2 if spec.executor == "thread" else 16
             width = min(width, depth * pool_workers(spec))
-        consumers = [asyncio.ensure_future(consume()) for _ in range(min(width, len(todo)))]
+        consumers: list[asyncio.Future[None]] = []
+
+        def one_more() -> None:
+            # A task waiting for its retry gave its slot back: one more consumer takes
+            # the queue's next task meanwhile (the slots still bound what runs at once).
+            consumers.append(asyncio.ensure_future(consume()))
+
+        consumers += [asyncio.ensure_future(consume()) for _ in range(min(width, len(todo)))]
         try:
-            await asyncio.gather(*consumers)
+            while pending := [consumer for consumer in consumers if not consumer.done()]:
+                await asyncio.gather(*pending)
         except BaseException:
             for consumer in consumers:
                 consumer.cancel()
@@ -455,7 +465,12 @@ class AllocationExecutor:
         return [result for result in results if result is not None]
 
     async def _run(
-        self, task: TaskSpec, key: str, index: int, durable: str | None = None
+        self,
+        task: TaskSpec,
+        key: str,
+        index: int,
+        durable: str | None = None,
+        on_backoff: Callable[[], None] | None = None,
     ) -> TaskResult:
         """Run a task to its final result; with a ``durable`` key, harvest an earlier run's first.
 
@@ -463,7 +478,9 @@ class AllocationExecutor:
         the campaign: its result recorded in the task ledger by a run that died is
         taken as it is (recorded once, with its own job and node), one still running
         in a live job is waited for, and one lost (its job ended without a result) is
-        run again, the loss kept in ``retries``.
+        run again, the loss kept in ``retries``. While a failed attempt waits for its
+        retry the task holds no slot, and ``on_backoff`` is called (the batch starts
+        another consumer, so the next task runs meanwhile).
         """
         if self._dispatch is None or self._slots is None or self._exec_slots is None:
             raise RuntimeError("use 'async with AllocationExecutor(...)' before submitting tasks")
@@ -472,7 +489,10 @@ class AllocationExecutor:
         records: list[RetryRecord] = []
         attempt = 1
         ledger = self._ledger
-        async with self._slots:
+        slots = self._slots
+        await slots.acquire()
+        held = True
+        try:
             outcome: AttemptOutcome | None = None
             if ledger is not None and durable is not None:
                 found, lost = await ledger.settle(
@@ -501,9 +521,20 @@ class AllocationExecutor:
                 )
                 delay = min(self.site.retry_backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
                 if delay > 0:
+                    # A task waiting to be retried runs nothing: its slot goes to the
+                    # batch's next task meanwhile, and is taken again for the retry.
+                    slots.release()
+                    held = False
+                    if on_backoff is not None:
+                        on_backoff()
                     await asyncio.sleep(delay)
+                    await slots.acquire()
+                    held = True
                 attempt += 1
                 outcome = None
+        finally:
+            if held:
+                slots.release()
         # Every field comes from this module's own typed code (values already made
         # JSON by `jsonable`): validating again cost ~15 us a task at 10k tasks.
         return TaskResult.model_construct(

@@ -273,6 +273,43 @@ class TestExecutableTasks:
         assert gone_soon(int(pidfile.read_text()))
 
 
+class TestRetryGivesItsSlotBack:
+    @pytest.mark.asyncio
+    async def test_the_next_task_runs_while_a_failed_one_waits_for_its_retry(
+        self, tmp_path: Path
+    ) -> None:
+        """One slot: the first task fails (transient) and waits; the second runs meanwhile.
+
+        The evidence is the first task's own second attempt: it reports whether the
+        second task's file exists. Held through the backoff, the slot would keep the
+        second task from starting until the first one finished.
+        """
+        first_try, second_ran = tmp_path / "first-try", tmp_path / "second-ran"
+        flaky = textwrap.dedent(
+            f"""
+            import json, os, sys
+            if not os.path.exists({str(first_try)!r}):
+                open({str(first_try)!r}, "w").close()
+                sys.exit(75)
+            print(json.dumps({{"second_ran_meanwhile": os.path.exists({str(second_ran)!r})}}))
+            """
+        )
+        site = local_site(
+            max_concurrency=1, retries=1, retry_backoff=2.0, transient_exit_codes=[75]
+        )
+        async with AllocationExecutor.from_site(site) as executor:
+            first, second = await executor.run_batch(
+                [
+                    ExecutableTask([sys.executable, "-c", flaky]),
+                    ExecutableTask(["sh", "-c", f"touch {second_ran} && echo 1"]),
+                ],
+                key_prefix="c/0/slots",
+            )
+        assert (second.status, second.value) == ("done", 1)
+        assert (first.status, first.attempts) == ("done", 2)
+        assert first.value == {"second_ran_meanwhile": True}
+
+
 class TestOpenFilesLimit:
     def test_hundreds_of_executables_finish_under_a_low_open_files_limit(self) -> None:
         program = textwrap.dedent(
