@@ -114,10 +114,12 @@ CASES: list[Case] = [
         "policy-retries-table", "spec", put("policy_retries", {"x": 1}), names=("'policy_retries'",)
     ),
     Case("objective-missing", "spec", drop("objective"), names=("'objective'",)),
-    Case("bounds-mismatch", "spec", put("objective.lower", [0.0]), names=("'objective'",)),
-    Case("bound-nan", "spec", put("objective.lower", [0.0, NAN]), names=("'objective'",)),
-    Case("bound-inf", "spec", put("objective.upper", [1.0, INF]), names=("'objective'",)),
-    Case("bounds-inverted", "spec", put("objective.lower", [2.0, 0.0]), names=("'objective'",)),
+    Case("bounds-mismatch", "spec", put("objective.lower", [0.0]), names=("'objective.upper'",)),
+    Case("bound-nan", "spec", put("objective.lower", [0.0, NAN]), names=("'objective.lower'",)),
+    Case("bound-inf", "spec", put("objective.upper", [1.0, INF]), names=("'objective.upper'",)),
+    Case(
+        "bounds-inverted", "spec", put("objective.lower", [2.0, 0.0]), names=("'objective.upper'",)
+    ),
     Case("bounds-empty", "spec", put("objective.lower", []), names=("'objective.lower'",)),
     Case("bound-text", "spec", put("objective.upper", ["one", 1.0]), names=("'objective.upper",)),
     Case(
@@ -408,7 +410,7 @@ class TestConsoleScript:
             check=False,
         )
         assert result.returncode == 2
-        assert "field 'objective'" in result.stderr
+        assert "field 'objective.upper'" in result.stderr
         assert not (workspace / "home").exists()
 
 
