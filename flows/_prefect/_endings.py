@@ -126,8 +126,16 @@ def record_cancelled(
             actor, how = asked[-1]["actor"], "unattended cancel"
     rounds = store.load_checkpoint(name).rounds
     open_round = next((i for i, s in sorted(rounds.items()) if s in STILL_GOING), None)
-    if flow_run_id is not None:  # first: idempotent, and the status still says going
-        store.record_run_ending(name, flow_run_id, "blocked", CANCELLED_CODE)
+    if flow_run_id is not None and not store.record_run_ending(
+        name, flow_run_id, "blocked", CANCELLED_CODE
+    ):
+        # Recorded first, as the claim: the CLI's cancel and the watchdog may both see
+        # this run cancelled; whoever recorded its ending records the campaign's (its
+        # status write follows at once: the caller reads the status after this returns).
+        deadline = time.monotonic() + 5.0
+        while campaign_status(store, name)[0] in STILL_GOING and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return False
     store.set_campaign_status(name, "blocked", CANCELLED_CODE, round_index=open_round)
     store.record_event(
         name,

@@ -198,20 +198,21 @@ class LeaseAndInputWrites(StoreBase):
 
     def record_run_ending(
         self, name: str, flow_run_id: str, status: str, code: str | None = None
-    ) -> None:
-        """Record how flow run ``flow_run_id`` ended (its first recorded ending stays).
+    ) -> bool:
+        """Record how flow run ``flow_run_id`` ended; return whether this call recorded it.
 
-        Not fenced: a run refused or fenced out records its ending too, and a person's
-        cancel is recorded by whoever saw it (the CLI, the runner's watchdog).
+        The first recorded ending stays (a later call returns False). Not fenced: a run
+        refused or fenced out records its ending too, and a person's cancel is recorded
+        by whoever saw it first (the CLI, the runner's watchdog).
         """
         check_choice(status, ENDING_STATUSES, "status")
         values = {"flow_run_id": flow_run_id, "status": status, "code": code}
 
-        def work(connection: Connection) -> None:
+        def work(connection: Connection) -> bool:
             row = {"campaign_id": self._id(connection, name), "recorded_at": now(), **values}
-            insert_ignore(connection, ENDINGS, row, ("campaign_id", "flow_run_id"))
+            return insert_ignore(connection, ENDINGS, row, ("campaign_id", "flow_run_id")) > 0
 
-        in_transaction(self.engine, work)
+        return in_transaction(self.engine, work)
 
     # -- pinned inputs ----------------------------------------------------------------
 

@@ -119,10 +119,14 @@ def insert_ignore(
     table: Table,
     values: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     conflict: Sequence[str],
-) -> None:
-    """Insert rows, leaving any row whose ``conflict`` columns already exist."""
+) -> int:
+    """Insert rows, leaving any row whose ``conflict`` columns already exist; return how many.
+
+    The count is what the database reports (SQLite and PostgreSQL count the rows
+    inserted, not those left).
+    """
     if not values:
-        return
+        return 0
     if connection.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -133,7 +137,10 @@ def insert_ignore(
         statement = sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict))
     # The rows go as parameters, never into the statement: one compiled statement a
     # table, found in SQLAlchemy's cache, instead of one built for each row's values.
-    connection.execute(statement, dict(values) if isinstance(values, Mapping) else list(values))
+    result = connection.execute(
+        statement, dict(values) if isinstance(values, Mapping) else list(values)
+    )
+    return max(int(result.rowcount or 0), 0)
 
 
 def campaign_id(connection: Connection, name: str) -> int | None:

@@ -6,6 +6,7 @@ A real SQLite provenance store; Prefect's own state objects (no server needed).
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +84,25 @@ class TestRecordCancelled:
         assert record_cancelled(store, NAME, flow_run_id="r1", actor=None, how="prefect")
         (event,) = store.events(NAME, kind="cancelled")
         assert (event["actor"], event["details"]["how"]) == ("alice", "unattended cancel")
+
+    def test_a_cancel_the_other_party_claimed_first_is_not_recorded_twice(
+        self, store: ProvenanceStore
+    ) -> None:
+        """The CLI's cancel and the watchdog both saw the campaign running: one records it.
+
+        The other party recorded the run's ending (its claim) and is about to write the
+        campaign's status; this call leaves the cancel to it and returns once it is written.
+        """
+        store.start_round(NAME, 0)
+        assert store.record_run_ending(NAME, "r1", "blocked", "cancelled")
+        other = threading.Timer(0.3, store.set_campaign_status, (NAME, "blocked", "cancelled"))
+        other.start()
+        try:
+            assert not record_cancelled(store, NAME, flow_run_id="r1", actor="bob", how="cli")
+        finally:
+            other.join()
+        assert _status(store) == ("blocked", "cancelled")
+        assert store.events(NAME, kind="cancelled") == []
 
     def test_a_campaign_that_ended_is_not_recorded_again(self, store: ProvenanceStore) -> None:
         store.set_campaign_status(NAME, "completed")
