@@ -68,7 +68,9 @@ def test_interrupted_tasks_are_credited_to_their_own_job_and_an_empty_round_is_n
             run.kill()
             run.wait()
     output = (tmp_path / "run.out").read_text()
-    assert code == 0, output[-3000:]
+    # Nothing produced a value: the campaign fails (issue 44), and says why.
+    assert code == 1, output[-3000:]
+    assert "no simulation produced a value" in output, output[-3000:]
     assert not log.exists() or not log.read_text().strip()  # no simulation finished
     database = database_of(tmp_path, name)
     results = rows(

@@ -187,8 +187,8 @@ class TestRunAgain:
         changed.write_text(spec.read_text().replace("attempts = 3", "attempts = 2"))
         again = cli(finished["env"], "run", str(changed))
         assert again.returncode == 2, again.stdout + again.stderr
-        assert f"error: {changed}: campaign '{NAME}' is recorded with another spec: " in (
+        assert f"error: {changed}: field 'attempts': campaign '{NAME}' is recorded with" in (
             again.stderr
         )
-        assert "attempts (3 -> 2) differs" in again.stderr
+        assert "another spec: attempts (3 -> 2) differs" in again.stderr
         assert again.stdout == ""
