@@ -61,7 +61,7 @@ from tasks._results import (
     tail,
 )
 from tasks._task_ledger import TaskLedger, TaskRef
-from tasks._task_supervisor import fenced_out, where, write_atomically
+from tasks._task_supervisor import fenced_out, mark_started, where, write_atomically
 
 if TYPE_CHECKING:
     from tasks._allocations import AllocationRecord, AllocationWatch
@@ -145,7 +145,7 @@ def _call_recorded(
         return _call(fn, args, kwargs)
     folder, digest, token, attempt, key, durable = record
     marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
-    write_atomically(folder, f"{digest}.started", marker, sync=False)
+    mark_started(folder, digest, marker)
     if not durable:  # only where it ran: no later run looks for its result
         return _call(fn, args, kwargs)
     if fenced_out(folder, token):  # after the marker: see tasks/_task_supervisor.py

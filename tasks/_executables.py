@@ -28,7 +28,7 @@ from typing import Any
 
 from tasks import _child_watcher
 from tasks._results import STDERR_TAIL_CHARS, ExecutableTask
-from tasks._task_supervisor import where, write_atomically
+from tasks._task_supervisor import mark_started, where
 
 
 def node_name() -> str:
@@ -251,7 +251,7 @@ def run_executable_blocking(
         else:  # only where it ran, written here: no Python started for it
             marker = {"key": key, "token": token, "attempt": attempt,
                       "started_at": time.time(), **where()}  # fmt: skip
-            write_atomically(folder, f"{digest}.started", marker, sync=False)
+            mark_started(folder, digest, marker)
     with _SPAWN_LOCK:
         if _refusing:
             # As if started and killed at once, like the executables running here.

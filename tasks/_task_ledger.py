@@ -7,9 +7,10 @@ nobody to hear them. So every task on the allocation reports to a folder under t
 campaign directory (``task-results/``), which the next run reads before it launches
 anything:
 
-* ``<digest>.started``: the task started: which executor run (``token``) and
-  attempt, in which Slurm job, on which node and host, as which pid (the last
-  run's: a run reads it before it launches the task again);
+* ``started-<host>.jsonl``: a line per task started on that host: its digest,
+  which executor run (``token``) and attempt, in which Slurm job, on which node
+  and host, as which pid (the latest for a digest is the one a run reads before
+  it launches the task again);
 * ``<digest>.result``: what it produced, written atomically (temporary name in the
   same folder, fsync, rename) by the task's wrapper on the worker; for an
   executable, a supervisor process in the task's own session
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks._slurm import SlurmQueryFailed, query_jobs
+from tasks._task_supervisor import journal_name
 
 #: The folder under the campaign directory.
 RESULTS_FOLDER = "task-results"
@@ -67,6 +69,53 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _parse_marker(line: bytes) -> dict[str, Any] | None:
+    """Return one journal line's marker; a line glued to a fragment a crash cut short too."""
+    for start in (0, line.rfind(b"{")):
+        try:
+            data = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("digest"), str):
+            return data
+    return None
+
+
+class _Journals:
+    """The started markers of a ledger folder, by digest, read incrementally."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[str, int] = {}
+        self.by_digest: dict[str, list[dict[str, Any]]] = {}
+
+    def refresh(self) -> dict[str, list[dict[str, Any]]]:
+        """Read what was appended since the last look (whole lines only) and return the index."""
+        for path in sorted(self.folder.glob(journal_name("*"))):
+            offset = self._offsets.get(path.name, 0)
+            try:
+                with open(path, "rb") as journal:
+                    journal.seek(offset)
+                    data = journal.read()
+            except OSError:
+                continue
+            whole = data.rfind(b"\n") + 1  # a line still being written waits for the next look
+            for line in data[:whole].splitlines():
+                marker = _parse_marker(line)
+                if marker is not None:
+                    self.by_digest.setdefault(marker["digest"], []).append(marker)
+            self._offsets[path.name] = offset + whole
+        return self.by_digest
+
+    def latest(self, digest: str) -> dict[str, Any] | None:
+        """Return the marker of the last start of task ``digest``, or None."""
+        return _latest(self.refresh().get(digest, []))
+
+
+def _latest(markers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(markers, key=lambda m: float(m.get("started_at") or 0.0)) if markers else None
+
+
 def _supervisor_alive(marker: Mapping[str, Any]) -> bool:
     """True when the marker's pid is a live task wrapper on this host."""
     if marker.get("host") != socket.gethostname() or not isinstance(marker.get("pid"), int):
@@ -85,6 +134,7 @@ class TaskLedger:
         self.folder = Path(folder)
         self.token = token
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._journals = _Journals(self.folder)
 
     def fence(self) -> None:
         """Make this run the one whose tasks may start (workers of earlier runs start none)."""
@@ -108,19 +158,16 @@ class TaskLedger:
         found = _read(self.folder / f"{key_digest(key)}.result")
         return None if found is None or found.get("kind") == "fenced" else found
 
-    def _marker(self, digest: str) -> dict[str, Any] | None:
-        return _read(self.folder / f"{digest}.started")
-
     def started_by(self, ref: TaskRef) -> dict[str, Any] | None:
         """Return the marker of the attempt ``ref`` names, or None if it never started."""
-        marker = self._marker(ref.digest)
-        if marker is None or marker.get("token") != ref.token:
-            return None
-        return marker if marker.get("attempt") == ref.attempt else None
+        for marker in self._journals.refresh().get(ref.digest, ()):
+            if marker.get("token") == ref.token and marker.get("attempt") == ref.attempt:
+                return marker
+        return None
 
     def started_elsewhere(self, key: str) -> list[dict[str, Any]]:
         """Return the marker an earlier run left for task ``key`` (none, or one)."""
-        marker = self._marker(key_digest(key))
+        marker = self._journals.latest(key_digest(key))
         return [] if marker is None or marker.get("token") == self.token else [marker]
 
     async def settle(
@@ -159,15 +206,19 @@ class TaskLedger:
         return any(state is not None and not state.ended for state in states.values())
 
 
+def started_markers(folder: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Return the marker of each task's latest start in the ledger at ``folder``, by digest."""
+    found = _Journals(Path(folder)).refresh().items()
+    return {digest: marker for digest, markers in found if (marker := _latest(markers))}
+
+
 def jobs_with_open_tasks(folder: str | os.PathLike[str]) -> set[str]:
     """Return the Slurm jobs the ledger at ``folder`` says run tasks with no result yet."""
     path = Path(folder)
     busy = set()
-    for marker_path in path.glob("*.started"):
-        marker = _read(marker_path)
-        if marker is None or not marker.get("job_id"):
+    for digest, marker in started_markers(path).items():
+        if not marker.get("job_id"):
             continue
-        digest = marker_path.name.split(".", 1)[0]
         if not (path / f"{digest}.result").exists():
             busy.add(str(marker["job_id"]))
     return busy

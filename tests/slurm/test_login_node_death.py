@@ -41,7 +41,7 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
 )
 
 from flows._prefect._server import load_server_config, running_server
-from tasks._task_ledger import jobs_with_open_tasks
+from tasks._task_ledger import jobs_with_open_tasks, started_markers
 
 pytestmark = [pytest.mark.integration]
 
@@ -151,11 +151,10 @@ def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
     ledger = database_of(tmp_path, name).parent / "task-results"
     lost: set[str] = set()
     if death == "allocation":
-        for path in ledger.glob("*.started"):
-            marker = json.loads(path.read_text())
+        for digest, marker in started_markers(ledger).items():
             if (
                 str(marker["key"]).startswith(f"{name}/")
-                and not (ledger / f"{path.name.split('.')[0]}.result").exists()
+                and not (ledger / f"{digest}.result").exists()
             ):
                 lost.add(str(marker["key"]))
                 with contextlib.suppress(psutil.Error):  # the wrapper and its simulation

@@ -12,7 +12,6 @@ not recorded ``completed``.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -26,17 +25,15 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
     start_direct,
 )
 
+from tasks._task_ledger import started_markers
+
 pytestmark = [pytest.mark.integration]
 
 
 def started_jobs(ledger: Path, campaign: str) -> dict[str, dict[str, object]]:
     """Return the started markers of the campaign's simulations by job id (no verifier's)."""
     found = {}
-    for path in ledger.glob("*.started"):
-        try:
-            marker = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for marker in started_markers(ledger).values():
         if str(marker["key"]).startswith(f"{campaign}/"):
             found[str(marker["job_id"])] = marker
     return found
