@@ -170,6 +170,17 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("UNATTENDED_WATCHDOG_SECONDS", "watchdog_seconds"),
         description="How often the runner's watchdog looks for orphaned runs (seconds).",
     )
+    server_start_seconds: float = Field(
+        default=120.0,
+        ge=1,
+        le=3600,
+        validation_alias=AliasChoices("UNATTENDED_SERVER_START_SECONDS", "server_start_seconds"),
+        description=(
+            "How long 'server start', 'up' and 'run' wait for a Prefect server they started "
+            "to answer /health before they stop it and fail (seconds). A loaded login node "
+            "has taken over 60 s."
+        ),
+    )
     runner_start_seconds: float = Field(
         default=120.0,
         ge=1,

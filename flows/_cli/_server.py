@@ -44,7 +44,10 @@ def register(subparsers: Any) -> None:
         help="do not require authentication (only where nobody else can reach the port)",
     )
     start.add_argument(
-        "--timeout", type=float, default=90.0, help="seconds to wait for /health (default 90)"
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for /health (default: UNATTENDED_SERVER_START_SECONDS, 120)",
     )
     start.set_defaults(handler=_start)
 
@@ -96,7 +99,12 @@ def _start(args: argparse.Namespace) -> int:
     from flows._prefect._server import flow_run_ui_url, start_server
 
     config = _config(args)
-    handle = start_server(config, timeout=args.timeout)
+    timeout = args.timeout
+    if timeout is None:
+        from flows._settings import Settings
+
+        timeout = Settings.from_env(os.environ).server_start_seconds
+    handle = start_server(config, timeout=timeout)
     print(f"Prefect server started (pid {handle.pid})")
     _print_handle(handle, config)
     print(f"  a run:    {flow_run_ui_url(handle.ui_url, '<id>')}")

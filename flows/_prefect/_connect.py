@@ -28,6 +28,7 @@ from flows._prefect._server import (
     running_server,
     start_server,
 )
+from flows._settings import Settings
 
 
 def connect(
@@ -66,7 +67,7 @@ def connect(
             )
         if announce is not None:
             announce(f"starting the local Prefect server on {config.api_url} ...")
-        handle = start_server(config)
+        handle = start_server(config, timeout=Settings.from_env(environment).server_start_seconds)
     variables = client_env(handle)
     if "PREFECT_API_AUTH_STRING" in variables:
         environment.pop("PREFECT_API_KEY", None)
