@@ -36,7 +36,8 @@ if TYPE_CHECKING:
         TaskSpec,
         stdout_value,
     )
-    from tasks._site import NotifyConfig, SiteConfig, load_site
+    from tasks._site import SiteConfig, load_site
+    from tasks._site_notify import NotifyConfig
     from tasks._site_slurm import slurm_site_problems
     from tasks._surrogate import GaussianProcess
     from tasks._verifier import verifier
@@ -75,7 +76,8 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "TaskSpec",
             "stdout_value",
         ],
-        "_site": ["NotifyConfig", "SiteConfig", "load_site"],
+        "_site": ["SiteConfig", "load_site"],
+        "_site_notify": ["NotifyConfig"],
         "_site_slurm": ["slurm_site_problems"],
         "_surrogate": ["GaussianProcess"],
         "_verifier": ["verifier"],
