@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import lazy_loader
 
 if TYPE_CHECKING:
-    from tasks._allocations import AllocationRecord, BudgetUsed, retire_left_open
+    from tasks._allocations import AllocationRecord, BudgetUsed
     from tasks._batch import (
         BatchOutcome,
         BatchStore,
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     )
     from tasks._executor import AllocationExecutor
     from tasks._fallback import FallbackBatch, evenly_spaced, fallback_batch
+    from tasks._left_open import retire_left_open
     from tasks._planners import (
         LLMPlanner,
         ScriptedPlanner,
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__, _ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_allocations": ["AllocationRecord", "BudgetUsed", "retire_left_open"],
+        "_allocations": ["AllocationRecord", "BudgetUsed"],
         "_batch": [
             "BatchOutcome",
             "BatchStore",
@@ -59,6 +60,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
         ],
         "_executor": ["AllocationExecutor"],
         "_fallback": ["FallbackBatch", "evenly_spaced", "fallback_batch"],
+        "_left_open": ["retire_left_open"],
         "_planners": [
             "LLMPlanner",
             "ScriptedPlanner",
