@@ -1,4 +1,4 @@
-"""Time ``Policy.evaluate`` with 20 rules (CEL and Python) on one round context.
+"""Time ``Policy.decide_and_count`` with 20 rules (CEL and Python) on one round context.
 
 Run: ``.venv/bin/python benchmarks/policy_eval.py [N]``. Prints microseconds per
 evaluation for three policies measured side by side in one run, and their
@@ -85,7 +85,7 @@ def per_evaluation_us(policy: Policy, ctx: RoundContext, n: int) -> float:
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(n):
-            policy.evaluate(ctx)
+            policy.decide_and_count(ctx)
         best = min(best, (time.perf_counter() - start) / n)
     return best * 1e6
 
@@ -106,7 +106,7 @@ def main() -> None:
         "mixed, firing": (Policy([*cel_rules(CEL_CONDITIONS), *python_rules(6)]), costly),
         "python-only": (Policy(python_rules(20)), ctx),
     }
-    fired = {name: len(p.evaluate(c).fired) for name, (p, c) in policies.items()}
+    fired = {name: len(p.decide_and_count(c).fired) for name, (p, c) in policies.items()}
     print(f"20 rules, {n} evaluations each, 64 candidates x 8 dims, best of 3")
     baseline = None
     for name, (policy, round_ctx) in policies.items():

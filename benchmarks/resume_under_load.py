@@ -169,13 +169,8 @@ def one_side(folder: Path, side: str, args: argparse.Namespace) -> dict[str, Any
 def measure_side(
     folder: Path, side: str, args: argparse.Namespace, database_url: str | None
 ) -> dict[str, Any]:
-    from flows._prefect._server import (
-        UNUSED_SERVICES,
-        ServerConfig,
-        client_env,
-        start_server,
-        stop_server,
-    )
+    from flows._prefect._server import ServerConfig, client_env, start_server, stop_server
+    from flows._prefect._server_env import UNUSED_SERVICES
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     if side == "all":

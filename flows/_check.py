@@ -20,6 +20,10 @@ Relative paths in a spec (the site, the policy, the transcript, the simulation's
 program) resolve against the spec's folder, whatever the current directory is: the
 runner that executes the campaign runs elsewhere. Messages show the path as
 written (``./sim.py``) and what it resolved to.
+
+Over 500 lines: every check that ``check``, ``submit`` and ``run`` share is one list,
+read top to bottom, so the three refuse the same things; ``flows`` holds at most twelve
+modules at its top (``tests/project/test_architecture.py``), so a split makes this a package.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ cannot tell (the node-hours cost, the walltime, a human's answer to a new ASK,
 the planner's answer to a new Retry) is taken from a stated source or assumed
 and said so in the result; ``docs/replay.md`` lists each choice. A new stop
 means the later rounds would never have run: they are "not reached".
+
+Over 500 lines: reading the record, the result types and the replayer that walks the
+record with them are one reader, read together; ``flows`` holds at most twelve modules
+at its top (``tests/project/test_architecture.py``), so a split makes this a package.
 """
 
 from __future__ import annotations

@@ -4,11 +4,13 @@ The strongest severity among the rules that fired decides; rules of that
 severity combine (``combine``). A policy keeps a little state between rounds
 (SOFT_BLOCK counters, BLOCK_AND_WARN pointers, a latched stop), and that state
 round-trips through :meth:`Policy.to_state` so a killed campaign resumes with
-the same counts.
+the same counts. :meth:`Policy.decide_and_count` judges a round and advances that
+state; :meth:`Policy.with_state` is a new policy continuing from a saved one.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +56,10 @@ class _Act:
     outcome: Outcome | None
     strength: int
     index: int
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"Policy.{old} is deprecated; use Policy.{new}", DeprecationWarning, stacklevel=3)
 
 
 def _settings_error(field_name: str, problem: str) -> SpecInvalid:
@@ -180,8 +186,11 @@ class Policy:
         loaded.warned = {k: v for k, v in loaded.warned.items() if k in known}
         self._state = loaded
 
-    def from_state(self, state: Mapping[str, Any] | None) -> Policy:
-        """Return a new policy with these rules and settings, continuing from ``state``."""
+    def with_state(self, state: Mapping[str, Any] | None) -> Policy:
+        """Return a new policy with these rules and settings, continuing from ``state``.
+
+        This policy is left as it is; ``load_state`` restores ``state`` in place.
+        """
         policy = Policy(
             self.rules,
             name=self.name,
@@ -196,10 +205,20 @@ class Policy:
         policy.load_state(state)
         return policy
 
+    def from_state(self, state: Mapping[str, Any] | None) -> Policy:
+        """Deprecated: use :meth:`with_state` (the same call under a name that says it)."""
+        _deprecated("from_state", "with_state")
+        return self.with_state(state)
+
     # -- evaluation --------------------------------------------------------------
 
-    def evaluate(self, ctx: RoundContext) -> Decision:
-        """Judge one round context and update the policy's state."""
+    def decide_and_count(self, ctx: RoundContext) -> Decision:
+        """Judge one round context, then count it in the policy's state.
+
+        The state advances with the decision: SOFT_BLOCK counts and streaks, refusal
+        counts, BLOCK_AND_WARN pointers and a latched stop (saved with
+        :meth:`to_state`). Judging the same context twice counts it twice.
+        """
         if self._state.latched is not None:
             return self._latched_decision()
         variables = None
@@ -222,6 +241,11 @@ class Policy:
             else:
                 acts.append(self._act(rule, detail, ctx, index))
         return self._decide(acts)
+
+    def evaluate(self, ctx: RoundContext) -> Decision:
+        """Deprecated: use :meth:`decide_and_count` (the same call; it advances the state)."""
+        _deprecated("evaluate", "decide_and_count")
+        return self.decide_and_count(ctx)
 
     def refuse_candidates(
         self, ctx: RoundContext, candidates: Iterable[CandidateView]

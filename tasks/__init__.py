@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import lazy_loader
 
 if TYPE_CHECKING:
-    from tasks._allocations import AllocationRecord, BudgetUsed, retire_left_open
+    from tasks._allocations import AllocationRecord, BudgetUsed
     from tasks._batch import (
         BatchOutcome,
         BatchStore,
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     )
     from tasks._executor import AllocationExecutor
     from tasks._fallback import FallbackBatch, evenly_spaced, fallback_batch
+    from tasks._left_open import retire_left_open
     from tasks._planners import (
         LLMPlanner,
         ScriptedPlanner,
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
         TaskSpec,
         stdout_value,
     )
-    from tasks._site import NotifyConfig, SiteConfig, load_site
+    from tasks._site import SiteConfig, load_site
+    from tasks._site_notify import NotifyConfig
     from tasks._site_slurm import slurm_site_problems
     from tasks._surrogate import GaussianProcess
     from tasks._verifier import verifier
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__, _ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_allocations": ["AllocationRecord", "BudgetUsed", "retire_left_open"],
+        "_allocations": ["AllocationRecord", "BudgetUsed"],
         "_batch": [
             "BatchOutcome",
             "BatchStore",
@@ -58,6 +60,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
         ],
         "_executor": ["AllocationExecutor"],
         "_fallback": ["FallbackBatch", "evenly_spaced", "fallback_batch"],
+        "_left_open": ["retire_left_open"],
         "_planners": [
             "LLMPlanner",
             "ScriptedPlanner",
@@ -75,7 +78,8 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "TaskSpec",
             "stdout_value",
         ],
-        "_site": ["NotifyConfig", "SiteConfig", "load_site"],
+        "_site": ["SiteConfig", "load_site"],
+        "_site_notify": ["NotifyConfig"],
         "_site_slurm": ["slurm_site_problems"],
         "_surrogate": ["GaussianProcess"],
         "_verifier": ["verifier"],

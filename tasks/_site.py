@@ -15,7 +15,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -38,11 +38,11 @@ from tasks._site_backends import (
     LocalBackend,
     RadicalPilotBackend,
 )
+from tasks._site_notify import HTTP_URL, NotifyConfig
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d{1,3}):([0-5]\d):([0-5]\d)$")
-_URL = re.compile(r"^https?://\S+$")
 
 #: Folders searched for ``<name>.toml``, relative to the CWD and to the project.
 DEFAULT_SEARCH: tuple[str, ...] = ("site-configs",)
@@ -157,64 +157,6 @@ class CostConfig(BaseModel):
     )
 
 
-NotifyEvent = Literal["suspend", "blocked", "escalated", "failed", "recovered"]
-NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("suspend", "blocked", "escalated", "failed", "recovered")
-
-
-class NotifyConfig(BaseModel):
-    """Who hears about a campaign that waits, stops, fails or recovers (``[notify]``).
-
-    A site's table is the default for its campaigns; a campaign's own replaces it.
-    """
-
-    model_config = _STRICT
-
-    urls: list[SecretStr] = Field(
-        default_factory=list,
-        max_length=20,
-        description="Apprise URLs (slack://, workflows:// for Teams, matrixs://, ntfys://, "
-        "mailtos://, json://...), one channel each; secrets: write '${VAR}' in a site config.",
-    )
-    webhook_url: SecretStr | None = Field(
-        default=None,
-        description="Slack/Mattermost-compatible incoming webhook (POST {'text': ...}); "
-        "a secret: write '${VAR}' in a site config.",
-    )
-    email_to: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+$", max_length=254)]] = Field(
-        default_factory=list, max_length=20, description="Addresses to mail."
-    )
-    email_from: str = Field(
-        default="unattended@localhost", max_length=254, description="Sender address."
-    )
-    smtp_host: str = Field(
-        default="127.0.0.1", min_length=1, max_length=253, description="SMTP relay host."
-    )
-    smtp_port: int = Field(default=25, ge=1, le=65535, description="SMTP relay port.")
-    events: list[NotifyEvent] = Field(
-        default_factory=lambda: list(NOTIFY_EVENTS),
-        description="Which events notify: suspend, blocked, escalated, failed, recovered.",
-    )
-    timeout_seconds: float = Field(
-        default=10.0, gt=0.0, le=120.0, description="How long one delivery may take."
-    )
-
-    @field_validator("webhook_url")
-    @classmethod
-    def _webhook(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not _URL.match(value.get_secret_value()):
-            raise ValueError("expected an http(s):// URL")
-        return value
-
-    @field_validator("urls")
-    @classmethod
-    def _apprise_urls(cls, value: list[SecretStr]) -> list[SecretStr]:
-        # Only the shape here (tasks does not import Apprise); `check` asks Apprise itself.
-        for index, url in enumerate(value):
-            if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]{0,31}://", url.get_secret_value()):
-                raise ValueError(f"urls[{index}]: expected an Apprise URL such as 'ntfys://...'")
-        return value
-
-
 class SiteConfig(BaseModel):
     """Where and how a campaign's work runs."""
 
@@ -279,7 +221,7 @@ class SiteConfig(BaseModel):
     @field_validator("prefect_api_url", "otlp_endpoint")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not _URL.match(value):
+        if value is not None and not HTTP_URL.match(value):
             raise ValueError("expected an http(s):// URL")
         return value
 

@@ -129,4 +129,4 @@ def judge_call(
     ]
     if not planned:
         return CallJudgement(ledger, [], [], None)
-    return CallJudgement(ledger, planned, kept, policy.evaluate(context_for(planned)))
+    return CallJudgement(ledger, planned, kept, policy.decide_and_count(context_for(planned)))

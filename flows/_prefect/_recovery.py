@@ -20,13 +20,14 @@ before. The next one is refused: the campaign is recorded ``failed`` with
 ``continuations_exhausted`` (event of the same kind) and its notice is sent.
 A run cancelled by a runner's own shutdown is an operator's act and is not counted.
 
-``flows._prefect._recovery_note`` gives ``unattended status`` the same plan in words.
+What the plan is given (the runs, the campaign's record, the continuations so far) is
+read in ``flows._prefect._recovery_reads``, the same way for the watchdog and for
+``flows._prefect._recovery_note``, which gives ``unattended status`` the plan in words.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import psutil
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
@@ -44,17 +44,14 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelled, Crashed
 
-from flows._engine._direct import open_store
 from flows._engine._fencing import RecoverySettings
 from flows._engine._registration import (
     Registration,
-    registration_for,
     registrations,
 )
 from flows._paths import state_dir_from
+from flows._prefect import _recovery_reads as reads
 from flows._prefect._endings import (
-    CANCEL_REQUESTED,
-    SHUTDOWN_MESSAGE,
     deployment_runs,
     notify_stopped,
     record_cancelled,
@@ -62,7 +59,6 @@ from flows._prefect._endings import (
 )
 from flows._prefect._recovery_plan import (
     EXHAUSTED_CODE,
-    TRANSIENT_CODE,
     Action,
     Continuations,
     Continue,
@@ -70,193 +66,21 @@ from flows._prefect._recovery_plan import (
     EndCancel,
     Leave,
     ReadRecord,
-    Record,
     RecordCancel,
-    SeenLease,
     SeenRun,
     Settle,
     StopExhausted,
     plan,
 )
-from flows._prefect._warm_start import flow_runs_started_here
 from flows._provenance import ProvenanceStore
-from flows._spec import load_campaign
 from policies import UnattendedError
-from tasks import load_site
 
-__all__ = [
-    "CANCEL_ENDED",
-    "EXHAUSTED_CODE",
-    "MAX_CONTINUATIONS",
-    "SHUTDOWN_MESSAGE",
-    "TRANSIENT_CODE",
-    "Continuations",
-    "Watchdog",
-    "campaign_store",
-    "continuations",
-    "flow_runs_alive_here",
-    "read_record",
-    "seen_run",
-    "stop_exhausted",
-]
+__all__ = ["CANCEL_ENDED", "Watchdog", "stop_exhausted"]
 
 # The message of a Cancelling run the watchdog ended: nobody was left to stop it.
 CANCEL_ENDED = "cancelled with no process left to stop"
-# Automatic continuations after a crash or a transient failure, in a row without
-# progress, per campaign (counted in its provenance, whatever runner made them): the
-# default of the setting ``max_continuations``.
-MAX_CONTINUATIONS = RecoverySettings.max_continuations
 
 _log = logging.getLogger(__name__)
-
-
-def flow_runs_alive_here(root: int | None = None) -> set[str]:
-    """Return the ids of the flow runs that a process's descendants are executing.
-
-    Prefect's runner starts each flow run as a child process with
-    ``PREFECT__FLOW_RUN_ID`` in its environment; a run found here is alive, whatever
-    its lease says (it may still be starting, on a machine that is slow today).
-    ``root`` is the runner's pid (default: this process, the runner's own watchdog,
-    which also counts the runs it forked from its forkserver: their environment is set
-    after the fork, where /proc does not show it); an unknown or gone pid has no
-    descendants.
-    """
-    alive: set[str] = flow_runs_started_here() if root is None else set()
-    try:
-        children = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return alive
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            run_id = child.environ().get("PREFECT__FLOW_RUN_ID")
-            if run_id:
-                alive.add(run_id)
-    return alive
-
-
-def _aware(moment: datetime | None, default: datetime) -> datetime:
-    if moment is None:
-        return default
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def seen_run(
-    flow_run: FlowRun,
-    registered: dict[str, Any] | None,
-    alive: frozenset[str] | set[str],
-    now: datetime,
-) -> SeenRun:
-    """Return what the plan sees of a Prefect flow run (``registered``: the owner's parameters).
-
-    The one place a Prefect state message is read: Prefect's runner marks the runs it
-    cancels as it shuts down with its own words (``SHUTDOWN_MESSAGE``), and nothing else.
-    """
-    state = flow_run.state
-    kind = state.type.value if state is not None else "UNKNOWN"
-    return SeenRun(
-        id=str(flow_run.id),
-        state=kind,
-        since=_aware(state.timestamp if state is not None else None, now),
-        created=_aware(flow_run.created, now),
-        ours=registered is None or dict(flow_run.parameters) == registered,
-        alive_here=str(flow_run.id) in alive,
-        shutdown=kind == "CANCELLED" and (state.message if state else None) == SHUTDOWN_MESSAGE,
-    )
-
-
-def _progress_mark(store: ProvenanceStore, name: str) -> tuple[int, int]:
-    progress = store.progress(name)
-    return progress.rounds, progress.tasks
-
-
-def continuations(store: ProvenanceStore, name: str, cap: int = MAX_CONTINUATIONS) -> Continuations:
-    """Count campaign ``name``'s continuations in a row without progress (``Continuations``).
-
-    ``cap`` is the setting ``max_continuations``: how many make the campaign stop.
-    """
-    progress = _progress_mark(store, name)
-    count, last_at = 0, None
-    for event in store.events(name):
-        if event["kind"] == EXHAUSTED_CODE:
-            count, last_at = 0, None
-        elif event["kind"] == "continued":
-            details = event["details"] or {}
-            if details.get("counted") and details.get("progress") == list(progress):
-                count += 1
-                last_at = _aware(event["recorded_at"], datetime.now(UTC))
-    return Continuations(count=count, last_at=last_at, progress=progress, cap=cap)
-
-
-def recorded_cap(store: ProvenanceStore, name: str) -> tuple[int | None, int | None]:
-    """Return (the cap the runner last counted against, continuations when it stopped).
-
-    Read from the newest ``continued`` and ``continuations_exhausted`` events: the cap
-    is the runner's setting, which another process (``status``) need not share.
-    """
-    cap = stopped_after = None
-    for event in store.events(name):
-        details = event["details"] or {}
-        if event["kind"] == "continued" and details.get("cap") is not None:
-            cap = int(details["cap"])
-        elif event["kind"] == EXHAUSTED_CODE:
-            stopped_after = details.get("continuations")
-            cap = int(details.get("cap", cap or MAX_CONTINUATIONS))
-    return cap, stopped_after
-
-
-def read_record(store: ProvenanceStore, name: str, tally: Continuations) -> Record:
-    """Read what the recovery plan needs of campaign ``name``'s provenance (``Record``)."""
-    status, code = _status(store, name)
-    lease = store.lease(name)
-    seen_lease = (
-        None
-        if lease is None
-        else SeenLease(
-            owner=lease.owner,
-            pid=lease.pid,
-            released=lease.released,
-            expires_at=_aware(lease.expires_at, datetime.now(UTC)),
-            holder_gone=not lease.released and lease.holder_gone(),
-        )
-    )
-    asked = frozenset(
-        str(e["flow_run_id"]) for e in store.events(name, kind=CANCEL_REQUESTED) if e["flow_run_id"]
-    )
-    return Record(
-        status=status,
-        code=code,
-        lease=seen_lease,
-        endings=store.run_endings(name),
-        cancel_asked=asked,
-        tally=tally,
-    )
-
-
-def campaign_store(flow_run_or_params: FlowRun | dict[str, Any]) -> tuple[str, ProvenanceStore]:
-    """Open the provenance store of a campaign run (by its registration) or of parameters.
-
-    A flow run is looked up by its deployment among this state directory's
-    registrations, never by the parameters it carries (``KeyError`` when it is not
-    one of ours); parameters are taken as given (the caller read them from one).
-    """
-    if isinstance(flow_run_or_params, FlowRun):
-        registration = registration_for(
-            state_dir_from(None, os.environ), flow_run_or_params.deployment_id
-        )
-        if registration is None:
-            raise KeyError(str(flow_run_or_params.deployment_id))
-        params = registration.parameters
-    else:
-        params = flow_run_or_params
-    loaded = load_campaign(params["spec_path"])
-    site = load_site(params.get("site") or loaded.spec.site, env=os.environ)
-    home = state_dir_from(params.get("state_dir"), os.environ)
-    return loaded.spec.name, open_store(site, loaded, home)
-
-
-def _status(store: ProvenanceStore, name: str) -> tuple[str | None, str | None]:
-    found = next((c for c in store.campaigns() if c["name"] == name), None)
-    return (found["status"], found["error_code"]) if found else (None, None)
 
 
 def _signature(runs: list[SeenRun]) -> tuple[tuple[str, str, datetime], ...]:
@@ -294,7 +118,7 @@ class Watchdog:
             return done
         # Read once a sweep, not once a running campaign: it reads the environment of
         # every process under the runner.
-        alive = flow_runs_alive_here()
+        alive = reads.flow_runs_alive_here()
         async with get_client() as client:
             deployments = await client.read_deployments(
                 deployment_filter=DeploymentFilter(
@@ -327,7 +151,7 @@ class Watchdog:
         refused = await self._refuse_foreign_endings(registration, flow_runs)
         if not flow_runs:
             return refused
-        runs = [seen_run(r, registration.parameters, alive, now) for r in flow_runs]
+        runs = [reads.seen_run(r, registration.parameters, alive, now) for r in flow_runs]
         actions = plan(runs, None, now, self.settings)
         if not any(isinstance(a, ReadRecord) for a in actions):
             # Prefect's states alone decided: a run of this runner is active, or one
@@ -336,9 +160,9 @@ class Watchdog:
         key = str(deployment.id)
         if self.quiet.get(key) == _signature(runs):
             return refused
-        name, store = campaign_store(registration.parameters)
+        name, store = reads.campaign_store(registration.parameters)
         try:
-            record = read_record(store, name, self._counted_so_far(store, name))
+            record = reads.read_record(store, name, self._counted_so_far(store, name))
             actions = plan(runs, record, now, self.settings)
             # A campaign left as it is is said so once a run; then it is quiet.
             fresh = [a for a in actions if not (isinstance(a, Leave) and a.after in self.left)]
@@ -474,7 +298,7 @@ class Watchdog:
         ]
         if not foreign:
             return []
-        name, store = campaign_store(expected)
+        name, store = reads.campaign_store(expected)
         done = []
         try:
             known = {e["flow_run_id"] for e in store.events(name, "run_refused")}
@@ -506,7 +330,7 @@ class Watchdog:
 
     def _counted_so_far(self, store: ProvenanceStore, name: str) -> Continuations:
         """Return the recorded continuations, or more: this runner's unrecorded ones, if any."""
-        recorded = continuations(store, name, self.settings.max_continuations)
+        recorded = reads.continuations(store, name, self.settings.max_continuations)
         extra = self.unrecorded.get(name)
         if extra is None or extra.progress != recorded.progress or extra.count <= recorded.count:
             return recorded

@@ -19,7 +19,7 @@ from prefect.client.schemas.objects import FlowRun
 
 from flows._engine._fencing import RecoverySettings
 from flows._engine._registration import registered_parameters
-from flows._prefect import _recovery as recovery
+from flows._prefect import _recovery_reads as reads
 from flows._prefect._endings import deployment_runs
 from flows._prefect._recovery_plan import (
     EXHAUSTED_CODE,
@@ -54,7 +54,7 @@ def recovery_note_of(
             others = await deployment_runs(client, run.deployment_id) if run.deployment_id else []
             return run, others
 
-    alive = recovery.flow_runs_alive_here(runner_pid) if runner_alive and runner_pid else set()
+    alive = reads.flow_runs_alive_here(runner_pid) if runner_alive and runner_pid else set()
     flow_run, runs = asyncio.run(read())
     return recovery_note(flow_run, runner_alive=runner_alive, alive=alive, runs=runs)
 
@@ -79,14 +79,14 @@ def recovery_note(
     if registered is not None and dict(flow_run.parameters) != registered:
         return None  # refused by the flow and the watchdog, never continued
     try:
-        name, store = recovery.campaign_store(flow_run)
+        name, store = reads.campaign_store(flow_run)
     except (UnattendedError, OSError, KeyError):
         return None
     try:
         # The cap the runner counts against (its setting), as it recorded it.
-        cap, stopped_after = recovery.recorded_cap(store, name)
-        tally = recovery.continuations(store, name, cap or settings.max_continuations)
-        record = recovery.read_record(store, name, tally)
+        cap, stopped_after = reads.recorded_cap(store, name)
+        tally = reads.continuations(store, name, cap or settings.max_continuations)
+        record = reads.read_record(store, name, tally)
     finally:
         store.close()
     if record.status == "failed" and record.code == EXHAUSTED_CODE:
@@ -95,7 +95,7 @@ def recovery_note(
             "without progress; fix the cause, then 'unattended submit' continues it"
         )
     others = [r for r in (runs or []) if r.id != flow_run.id]
-    seen = [recovery.seen_run(r, registered, alive, now) for r in [flow_run, *others]]
+    seen = [reads.seen_run(r, registered, alive, now) for r in [flow_run, *others]]
     actions = plan(seen, record, now, settings)
     return _describe(seen[0], actions, runner_alive=runner_alive, now=now, settings=settings)
 

@@ -49,6 +49,10 @@ TRANSIENT_CODE: Final = "storage_unavailable"
 EXHAUSTED_CODE: Final = "continuations_exhausted"
 CANCELLED_CODE: Final = "cancelled"
 _EPOCH: Final = datetime.min.replace(tzinfo=UTC)
+# Automatic continuations after a crash or a transient failure, in a row without
+# progress, per campaign (counted in its provenance, whatever runner made them): the
+# default of the setting ``max_continuations``.
+MAX_CONTINUATIONS: Final = RecoverySettings.max_continuations
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ class Continuations:
     count: int = 0
     last_at: datetime | None = None
     progress: tuple[int, int] = (0, 0)
-    cap: int = RecoverySettings.max_continuations
+    cap: int = MAX_CONTINUATIONS
 
     @property
     def exhausted(self) -> bool:
@@ -191,7 +195,7 @@ class Continue:
     counted: bool
     at: datetime
     number: int = 0  # which continuation in a row without progress (counted ones only)
-    cap: int = RecoverySettings.max_continuations  # of how many allowed
+    cap: int = MAX_CONTINUATIONS  # of how many allowed
 
 
 @dataclass(frozen=True)

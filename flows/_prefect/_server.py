@@ -21,17 +21,17 @@ the secret goes to no process but the one holding the key. A server started by a
 version without TLS (its PID file does not say ``tls``) is spoken to over HTTP until
 it is restarted.
 
+The server process's environment is ``flows._prefect._server_env``; its PID file and
+stopping its process group, ``flows._prefect._server_pid``.
+
 Nothing here imports Prefect: the CLI's ``server status`` stays fast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import secrets
-import signal
 import socket
 import ssl
 import subprocess
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from flows._paths import (
@@ -50,16 +49,11 @@ from flows._paths import (
     private_dir,
     python_argv,
     read_private_file,
-    write_private,
     write_private_file,
 )
-from flows._prefect._tls import (
-    SERVER_CERT_VARIABLE,
-    SERVER_KEY_VARIABLE,
-    CertificatePaths,
-    client_context,
-    ensure_certificate,
-)
+from flows._prefect._server_env import server_env
+from flows._prefect._server_pid import live_record, stop_group, write_pid_file
+from flows._prefect._tls import CertificatePaths, client_context, ensure_certificate
 from flows._settings import Settings
 from policies import SpecInvalid, UnattendedError
 
@@ -70,34 +64,6 @@ SETTING_FOR: Mapping[str, str] = {
     "port": "server_port",
     "database_url": "prefect_database_url",
     "auth": "server_auth",
-}
-
-# Prefect server services this project never needs, turned off in the server's
-# environment. Each is a loop of its own against Prefect's database; on SQLite every
-# transaction that also writes is one more chance for a 503 "database is locked" on
-# a UI Resume, and on 2 cores every loop takes CPU from the API. Kept on: late runs
-# (the UI shows a run nobody takes as Late), cancellation cleanup (a run stuck in
-# Cancelling ends Cancelled; a cancelled run's task runs end), the foreman
-# (deployments read Not Ready when no runner polls), the repossessor (expired
-# deployment-concurrency leases: ONE_RUN_AT_A_TIME), the task-run recorder (the
-# UI's view of a round's steps) and the event persister (the UI's event feed).
-# A variable set in the environment of ``unattended server start`` wins.
-UNUSED_SERVICES: Mapping[str, str] = {
-    "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": (
-        "runs from deployment schedules: campaign deployments have none; runs are "
-        "created by submit and the runner's watchdog"
-    ),
-    "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": (
-        "fails runs paused past a Prefect timeout: suspends pass none (approval "
-        "deadlines are the runner's, recorded with the request)"
-    ),
-    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": (
-        "automations and their actions: the project creates none; its notices and "
-        "orphan detection are its own"
-    ),
-    "PREFECT_SERVER_SERVICES_CLEANUP_RECONCILER_ENABLED": (
-        "workers' cleanup leases: no workers or work pools, a runner serves the runs"
-    ),
 }
 
 # The user half of the basic-auth string; the secret half is generated.
@@ -328,52 +294,6 @@ def auth_string(config: ServerConfig) -> str:
     return value
 
 
-def server_env(
-    config: ServerConfig, base_env: Mapping[str, str], *, auth: str | None = None
-) -> dict[str, str]:
-    """Return the environment the server process runs with (``auth``: ``user:secret``)."""
-    env = {
-        k: v
-        for k, v in base_env.items()
-        if not k.startswith("PREFECT_") and k not in (SERVER_CERT_VARIABLE, SERVER_KEY_VARIABLE)
-    }
-    env.update(
-        {
-            "PREFECT_HOME": str(config.prefect_home),
-            "PREFECT_SERVER_API_HOST": config.host,
-            "PREFECT_SERVER_API_PORT": str(config.port),
-            # The UI calls this URL from the browser; left alone it says port 4200.
-            "PREFECT_UI_API_URL": config.api_url,
-            "PREFECT_UI_URL": config.ui_url,
-            "PREFECT_API_URL": config.api_url,
-            "PREFECT_SERVER_DATABASE_CONNECTION_URL": config.connection_url(),
-            # uvicorn serves TLS with these (flows._prefect._server_main); code in the
-            # server that calls its own API as a client pins the same certificate.
-            SERVER_CERT_VARIABLE: str(config.tls.cert),
-            SERVER_KEY_VARIABLE: str(config.tls.key),
-            "PREFECT_API_SSL_CERT_FILE": str(config.tls.cert),
-            "PREFECT_LOCAL_STORAGE_PATH": str(config.storage_path),
-            # No network on a login node: analytics would only time out.
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-            # Prefect copies its UI into the installation (site-packages/prefect/server/
-            # ui_build) on first start: with a shared install, the first user's copy
-            # (0700 under our umask) stopped every other user's server. A copy per state
-            # directory is private and ours.
-            "PREFECT_SERVER_UI_STATIC_DIRECTORY": str(config.prefect_home / "ui"),
-            "DO_NOT_TRACK": "1",
-        }
-    )
-    for variable in UNUSED_SERVICES:
-        env[variable] = base_env.get(variable, "false")
-    if auth is not None:
-        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
-        # With this set, /ui-settings says auth "BASIC" and the UI asks for the secret.
-        # Code in the server process that calls PREFECT_API_URL as a client needs it too.
-        env["PREFECT_API_AUTH_STRING"] = auth
-    return env
-
-
 def client_env(handle: ServerHandle) -> dict[str, str]:
     """Return the variables a client, runner or flow-run process needs for ``handle``.
 
@@ -461,7 +381,7 @@ def server_status(config: ServerConfig, *, probe_timeout: float = 2.0) -> Server
 
 def running_server(config: ServerConfig) -> ServerHandle | None:
     """Return our server's handle if its process runs (no ``/health`` round trip)."""
-    record = _live_record(config)
+    record = live_record(config.pid_path)
     if record is None:
         return None
     started = _as_started(config, record)
@@ -473,20 +393,10 @@ def running_server(config: ServerConfig) -> ServerHandle | None:
 
 def stop_server(config: ServerConfig) -> bool:
     """Stop our server: SIGTERM its process group, SIGKILL after the grace; True if it ran."""
-    record = _live_record(config)
+    record = live_record(config.pid_path)
     if record is None:
         return False
-    pid = int(record["pid"])
-    _signal_group(pid, signal.SIGTERM)
-    with contextlib.suppress(psutil.NoSuchProcess):
-        try:
-            # Also reaps the process when we are its parent (a test session).
-            psutil.Process(pid).wait(timeout=config.stop_grace_seconds)
-        except psutil.TimeoutExpired:
-            _signal_group(pid, signal.SIGKILL)
-            psutil.Process(pid).wait(timeout=10)
-    # Children that outlived the leader (a uvicorn worker) still hold the group.
-    _signal_group(pid, signal.SIGKILL)
+    stop_group(int(record["pid"]), config.stop_grace_seconds)
     config.pid_path.unlink(missing_ok=True)
     return True
 
@@ -535,85 +445,17 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def _boot_id() -> str:
-    """Return this boot's id (Linux), or '' where the system has none to read."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
-
-
-def process_mark(pid: int) -> dict[str, Any]:
-    """Return what identifies process ``pid`` in a PID file, whatever the clock does later.
-
-    ``create_time`` is wall-clock time: a clock step (NTP, a virtual machine resumed or
-    forked; 14 s seen here) moves it for every running process, and a server taken for
-    dead would never be spoken to again. ``started`` (seconds from boot to the process's
-    start) and ``boot_id`` do not move.
-    """
-    created = psutil.Process(pid).create_time()
-    return {"create_time": created, "started": created - psutil.boot_time(), "boot_id": _boot_id()}
-
-
-def same_process(pid: int, record: Mapping[str, Any]) -> bool:
-    """Return whether ``pid`` is still the live process ``record`` (a ``process_mark``) names.
-
-    A recycled PID belongs to a process started at another moment (or in another boot);
-    a PID file written before ``started`` existed is compared by ``create_time``.
-    """
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        created = float(process.create_time())
-        if "started" in record:
-            since_boot = created - psutil.boot_time()
-            return (
-                abs(since_boot - float(record["started"])) < 1.0
-                and str(record.get("boot_id", "")) == _boot_id()
-            )
-        return abs(created - float(record["create_time"])) < 1.0
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return False
-
-
 def _write_pid_file(config: ServerConfig, pid: int) -> None:
     # The password-free label only: the PID file must not hold a secret.
-    record = {
-        "pid": pid,
-        **process_mark(pid),
-        "host": config.host,
-        "port": config.port,
-        "database_url": config.database_label(),
-        "auth": config.auth,  # whether; the secret itself stays in its own file
-        "tls": True,  # the server speaks HTTPS with <prefect home>/tls/server.pem
-    }
-    write_private(config.pid_path, json.dumps(record))
-
-
-def _live_record(config: ServerConfig) -> dict[str, Any] | None:
-    """Return the PID file's record if its process is still ours, else clean up."""
-    try:
-        record = json.loads(config.pid_path.read_text(encoding="utf-8"))
-        pid = int(record["pid"])
-        float(record["create_time"])
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError):
-        config.pid_path.unlink(missing_ok=True)
-        return None
-    if same_process(pid, record):
-        return dict(record)
-    with contextlib.suppress(psutil.Error, ChildProcessError):
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            psutil.Process(pid).wait(timeout=0)  # reap our own zombie (another's: no effect)
-    config.pid_path.unlink(missing_ok=True)
-    return None
-
-
-def _signal_group(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
+    write_pid_file(
+        config.pid_path,
+        pid,
+        host=config.host,
+        port=config.port,
+        database_url=config.database_label(),
+        auth=config.auth,  # whether; the secret itself stays in its own file
+        tls=True,  # the server speaks HTTPS with <prefect home>/tls/server.pem
+    )
 
 
 def _is_healthy(handle: ServerHandle, timeout: float) -> bool:

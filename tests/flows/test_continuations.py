@@ -19,14 +19,11 @@ from prefect.states import Completed, Crashed, Running
 
 from flows._engine._fencing import RecoverySettings
 from flows._prefect import _recovery as recovery
-from flows._prefect._recovery import (
-    EXHAUSTED_CODE,
-    MAX_CONTINUATIONS,
-    continuations,
-    stop_exhausted,
-)
+from flows._prefect import _recovery_reads as reads
+from flows._prefect._recovery import stop_exhausted
 from flows._prefect._recovery_note import recovery_note
-from flows._prefect._recovery_plan import StopExhausted
+from flows._prefect._recovery_plan import EXHAUSTED_CODE, MAX_CONTINUATIONS, StopExhausted
+from flows._prefect._recovery_reads import continuations
 from flows._provenance import ProvenanceStore
 from tasks import TaskResult
 
@@ -140,7 +137,7 @@ class TestStatusNote:
         self, store: ProvenanceStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         store.set_campaign_status("c", "failed", EXHAUSTED_CODE)
-        monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
+        monkeypatch.setattr(reads, "campaign_store", lambda _run: ("c", _Unclosed(store)))
         note = recovery_note(_run(Crashed()), runner_alive=True)
         assert note is not None
         assert note.startswith(f"stopped ({EXHAUSTED_CODE})")
@@ -151,7 +148,7 @@ class TestStatusNote:
     ) -> None:
         for _ in range(3):
             _continued(store)
-        monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
+        monkeypatch.setattr(reads, "campaign_store", lambda _run: ("c", _Unclosed(store)))
         note = recovery_note(_run(Crashed()), runner_alive=True)
         assert note is not None
         assert f"(continuation 4 of {MAX_CONTINUATIONS})" in note
@@ -163,7 +160,7 @@ class TestStatusNote:
     ) -> None:
         for _ in range(MAX_CONTINUATIONS):
             _continued(store)
-        monkeypatch.setattr(recovery, "campaign_store", lambda _run: ("c", _Unclosed(store)))
+        monkeypatch.setattr(reads, "campaign_store", lambda _run: ("c", _Unclosed(store)))
         note = recovery_note(_run(Crashed()), runner_alive=True)
         assert note is not None
         assert "the runner stops it (continuations_exhausted)" in note
@@ -251,7 +248,7 @@ class TestSweepOfARunningCampaign:
         def no_store(_parameters: Any) -> Any:
             raise AssertionError("the store was opened")
 
-        monkeypatch.setattr(recovery, "campaign_store", no_store)
+        monkeypatch.setattr(reads, "campaign_store", no_store)
         running = _run(Running())
         assert self._sweep([running, _run(Completed())], {str(running.id)}) == []
 
@@ -264,7 +261,7 @@ class TestSweepOfARunningCampaign:
     ) -> None:
         running = _run(Running())
         pid = _lease_taken_by_a_process_that_exits(tmp_path / "c", str(running.id))
-        monkeypatch.setattr(recovery, "campaign_store", lambda _p: ("c", _Unclosed(store)))
+        monkeypatch.setattr(reads, "campaign_store", lambda _p: ("c", _Unclosed(store)))
         client = _Client([running])
 
         done = self._sweep_with(client, set())
@@ -279,7 +276,7 @@ class TestSweepOfARunningCampaign:
     ) -> None:
         running = _run(Running())
         assert store.acquire_lease("c", str(running.id), ttl=60)  # this live process holds it
-        monkeypatch.setattr(recovery, "campaign_store", lambda _p: ("c", _Unclosed(store)))
+        monkeypatch.setattr(reads, "campaign_store", lambda _p: ("c", _Unclosed(store)))
         client = _Client([running])
 
         assert self._sweep_with(client, set()) == []
@@ -295,7 +292,7 @@ class TestSweepOfARunningCampaign:
             opened.append(parameters)
             return "c", _Unclosed(store)
 
-        monkeypatch.setattr(recovery, "campaign_store", campaign_store)
+        monkeypatch.setattr(reads, "campaign_store", campaign_store)
         store.set_campaign_status("c", "completed")
         done = FlowRun(
             id=uuid4(), name="r", flow_id=uuid4(), state=Completed(), parameters={"spec_path": "x"}

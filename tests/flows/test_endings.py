@@ -25,8 +25,8 @@ from flows._prefect._endings import (
     record_failure,
     state_for_ending,
 )
-from flows._prefect._recovery import read_record, seen_run
 from flows._prefect._recovery_plan import Continuations, Continue, RecordCancel, plan
+from flows._prefect._recovery_reads import read_record, seen_run
 from flows._provenance import ProvenanceStore
 from policies import PolicyDenied
 

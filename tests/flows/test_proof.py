@@ -177,8 +177,8 @@ class TestThePolicyOption:
                 budget_remaining=100.0,
             )
 
-        assert policy.evaluate(round_context(1)).outcome.kind == "continue"
-        outcome = policy.evaluate(round_context(2)).outcome
+        assert policy.decide_and_count(round_context(1)).outcome.kind == "continue"
+        outcome = policy.decide_and_count(round_context(2)).outcome
         assert isinstance(outcome, Suspend)
         assert outcome.approvers == ("alice",)
         assert outcome.require_proof  # the answer counts only with alice's code

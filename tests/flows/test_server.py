@@ -24,12 +24,12 @@ from flows._prefect._server import (
     client_env,
     flow_run_ui_url,
     load_server_config,
-    process_mark,
     redact_url,
     server_status,
     start_server,
     stop_server,
 )
+from flows._prefect._server_pid import process_mark
 from policies import SpecInvalid
 
 # The session's server start is bounded by start_server's own timeout; 120 s is per test.
@@ -149,14 +149,14 @@ class TestServerStatus:
         # NTP, or a virtual machine resumed: the wall clock jumps and every running
         # process's create_time moves with the boot time (14 s seen on this machine).
         # Before, the PID file was removed and the live server taken for dead.
-        from flows._prefect import _server
+        from flows._prefect import _server_pid
 
         config = ServerConfig(state_dir=tmp_path)
         config.prefect_home.mkdir(parents=True)
         config.pid_path.write_text(json.dumps({"pid": os.getpid(), **process_mark(os.getpid())}))
         boot, created = psutil.boot_time(), psutil.Process(os.getpid()).create_time()
-        monkeypatch.setattr(_server.psutil, "boot_time", lambda: boot + 14.0)
-        monkeypatch.setattr(_server.psutil.Process, "create_time", lambda self: created + 14.0)
+        monkeypatch.setattr(_server_pid.psutil, "boot_time", lambda: boot + 14.0)
+        monkeypatch.setattr(_server_pid.psutil.Process, "create_time", lambda self: created + 14.0)
         assert server_status(config).running
         assert config.pid_path.exists()
 

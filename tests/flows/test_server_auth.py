@@ -20,9 +20,9 @@ from flows._prefect._server import (
     ServerHandle,
     auth_string,
     client_env,
-    server_env,
     server_status,
 )
+from flows._prefect._server_env import server_env
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 

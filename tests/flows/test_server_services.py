@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from flows._prefect._rest import request
-from flows._prefect._server import UNUSED_SERVICES, ServerConfig, ServerHandle, server_env
+from flows._prefect._server import ServerConfig, ServerHandle
+from flows._prefect._server_env import UNUSED_SERVICES, server_env
 
 SERVICE_OF = {
     "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "scheduler",

@@ -32,8 +32,8 @@ from flows._prefect._server import (
     ServerHandle,
     client_env,
     running_server,
-    server_env,
 )
+from flows._prefect._server_env import server_env
 from flows._prefect._tls import (
     CertificateError,
     CertificatePaths,

@@ -53,7 +53,7 @@ class TestCandidateRules:
 
     def test_a_candidate_rule_never_decides_the_round(self, make_ctx: MakeContext) -> None:
         policy = policy_from_dict(_policy("true"))
-        assert policy.evaluate(make_ctx()).outcome.kind == "continue"
+        assert policy.decide_and_count(make_ctx()).outcome.kind == "continue"
 
     def test_a_shadow_candidate_rule_refuses_nothing(self, make_ctx: MakeContext) -> None:
         policy = policy_from_dict(_policy("true", log_only=True))
@@ -65,7 +65,7 @@ class TestCandidateRules:
         data["policy"] = {"name": "p", "top_up_from_fallback": True}
         policy = policy_from_dict(data)
         assert policy.top_up_from_fallback is True
-        assert policy.from_state(None).top_up_from_fallback is True
+        assert policy.with_state(None).top_up_from_fallback is True
 
 
 class TestCandidateRulesAtLoad:

@@ -163,7 +163,10 @@ class TestNoContentLeaks:
             ],
             name="canary-policy",
         )
-        decisions = [policy.evaluate(ctx), policy.evaluate(ctx.model_copy(update={"attempt": 2}))]
+        decisions = [
+            policy.decide_and_count(ctx),
+            policy.decide_and_count(ctx.model_copy(update={"attempt": 2})),
+        ]
         fired = {firing.rule for firing in decisions[0].fired}
         assert fired == {"big", "far", "second", "leaky", "budget", "shadow"}
         for decision in decisions:

@@ -80,7 +80,7 @@ class TestLoadGoodFile:
 
     def test_loaded_policy_judges_rounds(self, tmp_path: Path, make_ctx: MakeContext) -> None:
         policy = load_policy(write(tmp_path, GOOD))
-        decision = policy.evaluate(make_ctx(node_hours=4.5))
+        decision = policy.decide_and_count(make_ctx(node_hours=4.5))
         assert decision.outcome == Suspend(decision.outcome.reason, ("alice",))
         assert "Propose fewer candidates" in decision.feedback
 

@@ -32,24 +32,26 @@ def rule(name: str = "big", severity: Severity = Severity.HARD_STOP, **kw: Any) 
 
 class TestHardStop:
     def test_fired_rule_blocks_with_policy_denied(self, make_ctx: MakeContext) -> None:
-        decision = Policy([rule()]).evaluate(make_ctx(node_hours=5.0))
+        decision = Policy([rule()]).decide_and_count(make_ctx(node_hours=5.0))
         assert decision.outcome == Block(decision.outcome.reason, "policy_denied")
         assert decision.outcome.run_status == "blocked"
 
     def test_quiet_rule_continues(self, make_ctx: MakeContext) -> None:
-        decision = Policy([rule()]).evaluate(make_ctx(node_hours=1.0))
+        decision = Policy([rule()]).decide_and_count(make_ctx(node_hours=1.0))
         assert decision.outcome == Continue()
         assert decision.fired == ()
 
     def test_without_latch_next_round_is_judged_afresh(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule()])
-        policy.evaluate(make_ctx(node_hours=5.0))
-        assert policy.evaluate(make_ctx(node_hours=1.0, round_index=1)).outcome == Continue()
+        policy.decide_and_count(make_ctx(node_hours=5.0))
+        assert (
+            policy.decide_and_count(make_ctx(node_hours=1.0, round_index=1)).outcome == Continue()
+        )
 
     def test_latch_refuses_every_later_round(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule()], latch_stop=True)
-        policy.evaluate(make_ctx(node_hours=5.0))
-        later = policy.evaluate(make_ctx(node_hours=1.0, round_index=1))
+        policy.decide_and_count(make_ctx(node_hours=5.0))
+        later = policy.decide_and_count(make_ctx(node_hours=1.0, round_index=1))
         assert isinstance(later.outcome, Block)
         assert later.latched
         assert policy.latched == "big"
@@ -57,16 +59,16 @@ class TestHardStop:
 
     def test_resume_lifts_the_latch(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule()], latch_stop=True)
-        policy.evaluate(make_ctx(node_hours=5.0))
+        policy.decide_and_count(make_ctx(node_hours=5.0))
         policy.resume()
-        decision = policy.evaluate(make_ctx(node_hours=1.0, round_index=1))
+        decision = policy.decide_and_count(make_ctx(node_hours=1.0, round_index=1))
         assert decision.outcome == Continue()
         assert not decision.latched
 
 
 class TestPersistentBlock:
     def test_refuses_the_proposal(self, make_ctx: MakeContext) -> None:
-        decision = Policy([rule(severity=Severity.PERSISTENT_BLOCK)]).evaluate(
+        decision = Policy([rule(severity=Severity.PERSISTENT_BLOCK)]).decide_and_count(
             make_ctx(node_hours=5.0)
         )
         assert isinstance(decision.outcome, Retry)
@@ -74,8 +76,8 @@ class TestPersistentBlock:
 
     def test_repeating_the_proposal_never_overrides(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(severity=Severity.PERSISTENT_BLOCK)])
-        policy.evaluate(make_ctx(node_hours=5.0, attempt=1))
-        again = policy.evaluate(make_ctx(node_hours=5.0, attempt=2))
+        policy.decide_and_count(make_ctx(node_hours=5.0, attempt=1))
+        again = policy.decide_and_count(make_ctx(node_hours=5.0, attempt=2))
         assert isinstance(again.outcome, Retry)
         assert again.override is None
         assert again.attempts == 2
@@ -84,33 +86,33 @@ class TestPersistentBlock:
 class TestAsk:
     def test_suspends_for_the_approvers(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(severity=Severity.ASK, approvers=("alice", "bob"))])
-        decision = policy.evaluate(make_ctx(node_hours=5.0))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Suspend)
         assert decision.outcome.approvers == ("alice", "bob")
         assert decision.outcome.run_status == "awaiting_approval"
 
     def test_without_approvers_acts_as_persistent_block(self, make_ctx: MakeContext) -> None:
-        decision = Policy([rule(severity=Severity.ASK)]).evaluate(make_ctx(node_hours=5.0))
+        decision = Policy([rule(severity=Severity.ASK)]).decide_and_count(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Retry)
 
     def test_without_approvers_of_its_own_the_campaign_s_approvers_answer(
         self, make_ctx: MakeContext
     ) -> None:
         policy = Policy([rule(severity=Severity.ASK, require_proof=True)])
-        decision = policy.evaluate(make_ctx(node_hours=5.0, default_approvers=("carol",)))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0, default_approvers=("carol",)))
         assert decision.outcome == Suspend(decision.outcome.reason, ("carol",), True)
 
     def test_the_rule_s_own_approvers_come_before_the_campaign_s(
         self, make_ctx: MakeContext
     ) -> None:
         policy = Policy([rule(severity=Severity.ASK, approvers=("alice",))])
-        decision = policy.evaluate(make_ctx(node_hours=5.0, default_approvers=("carol",)))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0, default_approvers=("carol",)))
         assert isinstance(decision.outcome, Suspend)
         assert decision.outcome.approvers == ("alice",)
 
     def test_escalates_when_the_run_cannot_suspend(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(severity=Severity.ASK, approvers=("alice",))])
-        decision = policy.evaluate(make_ctx(node_hours=5.0, can_suspend=False))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0, can_suspend=False))
         assert decision.outcome == Escalate(decision.outcome.reason, ("alice",))
         assert decision.outcome.run_status == "escalated"
 
@@ -122,7 +124,7 @@ def soft_policy(**settings: Any) -> Policy:
 def run(policy: Policy, make_ctx: MakeContext, hours: list[float]) -> list[Any]:
     """Evaluate one context per entry (a new gate call each) and return the decisions."""
     return [
-        policy.evaluate(make_ctx(node_hours=h, round_index=i, attempt=1))
+        policy.decide_and_count(make_ctx(node_hours=h, round_index=i, attempt=1))
         for i, h in enumerate(hours)
     ]
 
@@ -189,47 +191,51 @@ def warn_policy() -> Policy:
 
 class TestBlockAndWarn:
     def test_first_time_refuses(self, make_ctx: MakeContext) -> None:
-        decision = warn_policy().evaluate(make_ctx(node_hours=5.0))
+        decision = warn_policy().decide_and_count(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Retry)
         assert decision.override is None
 
     def test_identical_proposal_in_later_attempt_passes(self, make_ctx: MakeContext) -> None:
         policy = warn_policy()
-        policy.evaluate(make_ctx(node_hours=5.0, attempt=1))
-        decision = policy.evaluate(make_ctx(node_hours=5.0, attempt=2))
+        policy.decide_and_count(make_ctx(node_hours=5.0, attempt=1))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0, attempt=2))
         assert decision.outcome == Continue()
         assert decision.override == "warn"
         assert decision.fired[0].effect == "override"
 
     def test_identical_proposal_in_later_round_passes(self, make_ctx: MakeContext) -> None:
         policy = warn_policy()
-        policy.evaluate(make_ctx(node_hours=5.0, round_index=1))
-        decision = policy.evaluate(make_ctx(node_hours=5.0, round_index=2))
+        policy.decide_and_count(make_ctx(node_hours=5.0, round_index=1))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0, round_index=2))
         assert decision.override == "warn"
 
     def test_same_gate_call_again_is_not_insisting(self, make_ctx: MakeContext) -> None:
         policy = warn_policy()
-        policy.evaluate(make_ctx(node_hours=5.0))
-        assert isinstance(policy.evaluate(make_ctx(node_hours=5.0)).outcome, Retry)
+        policy.decide_and_count(make_ctx(node_hours=5.0))
+        assert isinstance(policy.decide_and_count(make_ctx(node_hours=5.0)).outcome, Retry)
 
     def test_different_proposal_is_warned_and_moves_pointer(self, make_ctx: MakeContext) -> None:
         policy = warn_policy()
-        policy.evaluate(make_ctx(node_hours=5.0, attempt=1, candidates=[[1.0]]))
-        other = policy.evaluate(make_ctx(node_hours=5.0, attempt=2, candidates=[[2.0]]))
-        repeat = policy.evaluate(make_ctx(node_hours=5.0, attempt=3, candidates=[[2.0]]))
+        policy.decide_and_count(make_ctx(node_hours=5.0, attempt=1, candidates=[[1.0]]))
+        other = policy.decide_and_count(make_ctx(node_hours=5.0, attempt=2, candidates=[[2.0]]))
+        repeat = policy.decide_and_count(make_ctx(node_hours=5.0, attempt=3, candidates=[[2.0]]))
         assert isinstance(other.outcome, Retry)
         assert repeat.override == "warn"
 
     def test_override_is_used_up(self, make_ctx: MakeContext) -> None:
         policy = warn_policy()
         for attempt in (1, 2):
-            policy.evaluate(make_ctx(node_hours=5.0, attempt=attempt))
-        assert isinstance(policy.evaluate(make_ctx(node_hours=5.0, attempt=3)).outcome, Retry)
+            policy.decide_and_count(make_ctx(node_hours=5.0, attempt=attempt))
+        assert isinstance(
+            policy.decide_and_count(make_ctx(node_hours=5.0, attempt=3)).outcome, Retry
+        )
 
 
 class TestTolerate:
     def test_continues_and_notes_the_violation(self, make_ctx: MakeContext) -> None:
-        decision = Policy([rule("tol", Severity.TOLERATE)]).evaluate(make_ctx(node_hours=5.0))
+        decision = Policy([rule("tol", Severity.TOLERATE)]).decide_and_count(
+            make_ctx(node_hours=5.0)
+        )
         assert decision.outcome == Continue()
         assert len(decision.notes) == 1
         assert "tol" in decision.notes[0]
@@ -238,7 +244,7 @@ class TestTolerate:
 class TestShadowMode:
     def test_log_only_rule_never_acts(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(log_only=True)], latch_stop=True)
-        decision = policy.evaluate(make_ctx(node_hours=5.0))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0))
         assert decision.outcome == Continue()
         assert policy.latched is None
         assert decision.shadow
@@ -246,7 +252,7 @@ class TestShadowMode:
 
     def test_policy_wide_log_only(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(), rule("ask", Severity.ASK, approvers=("a",))], log_only=True)
-        decision = policy.evaluate(make_ctx(node_hours=5.0))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0))
         assert decision.outcome == Continue()
         assert len(decision.shadow) == 2
 
@@ -261,7 +267,7 @@ class TestDeciding:
         policy = Policy(
             [rule("warn", Severity.BLOCK_AND_WARN), rule("ask", Severity.ASK, approvers=("a",))]
         )
-        decision = policy.evaluate(make_ctx(node_hours=5.0))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Suspend)
         assert [f.rule for f in decision.fired] == ["ask", "warn"]
 
@@ -269,7 +275,7 @@ class TestDeciding:
         policy = Policy(
             [rule("ask", Severity.ASK, approvers=("a",)), rule("never", Severity.PERSISTENT_BLOCK)]
         )
-        decision = policy.evaluate(make_ctx(node_hours=5.0))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Retry)
         assert decision.fired[0].rule == "never"
 
@@ -280,7 +286,7 @@ class TestDeciding:
                 rule("two", Severity.ASK, approvers=("bob",)),
             ]
         )
-        decision = policy.evaluate(make_ctx(node_hours=5.0))
+        decision = policy.decide_and_count(make_ctx(node_hours=5.0))
         assert isinstance(decision.outcome, Suspend)
         assert decision.outcome.approvers == ("alice", "bob")
         assert "one" in decision.outcome.reason
@@ -288,14 +294,14 @@ class TestDeciding:
 
     def test_feedback_names_rule_detail_and_advice(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(severity=Severity.PERSISTENT_BLOCK, advice="Propose fewer.")])
-        feedback = policy.evaluate(make_ctx(node_hours=5.5)).feedback
+        feedback = policy.decide_and_count(make_ctx(node_hours=5.5)).feedback
         assert "'big'" in feedback
         assert "batch.node_hours=5.5" in feedback
         assert "Propose fewer" in feedback
 
     def test_record_is_json_ready(self, make_ctx: MakeContext) -> None:
         policy = Policy([rule(), rule("tol", Severity.TOLERATE)], name="demo")
-        record = policy.evaluate(make_ctx(node_hours=5.0)).to_record()
+        record = policy.decide_and_count(make_ctx(node_hours=5.0)).to_record()
         assert json.loads(json.dumps(record)) == record
         assert record["kind"] == "block"
         assert record["code"] == "policy_denied"
@@ -309,14 +315,18 @@ def when_raising(ctx: RoundContext) -> bool:
 
 class TestConditions:
     def test_callable_detail_is_reported(self, make_ctx: MakeContext) -> None:
-        decision = Policy([Rule(name="py", when=lambda c: "too many rounds")]).evaluate(make_ctx())
+        decision = Policy([Rule(name="py", when=lambda c: "too many rounds")]).decide_and_count(
+            make_ctx()
+        )
         assert decision.fired[0].detail == "too many rounds"
 
     def test_callable_returning_none_does_not_fire(self, make_ctx: MakeContext) -> None:
-        assert Policy([Rule(name="py", when=lambda c: None)]).evaluate(make_ctx()).fired == ()
+        assert (
+            Policy([Rule(name="py", when=lambda c: None)]).decide_and_count(make_ctx()).fired == ()
+        )
 
     def test_failing_condition_fails_closed(self, make_ctx: MakeContext) -> None:
-        decision = Policy([Rule(name="py", when=when_raising)]).evaluate(make_ctx())
+        decision = Policy([Rule(name="py", when=when_raising)]).decide_and_count(make_ctx())
         assert isinstance(decision.outcome, Block)
         assert "LookupError" in decision.fired[0].detail
 
@@ -329,24 +339,26 @@ class TestConditions:
                 )
             ]
         )
-        assert policy.evaluate(make_ctx()).outcome == Continue()
-        assert isinstance(policy.evaluate(make_ctx(walltime_remaining=60.0)).outcome, Block)
+        assert policy.decide_and_count(make_ctx()).outcome == Continue()
+        assert isinstance(policy.decide_and_count(make_ctx(walltime_remaining=60.0)).outcome, Block)
 
     def test_cel_reads_history(self, make_ctx: MakeContext) -> None:
         policy = Policy([Rule(name="h", when="history.decisions.exists(d, d == 'suspend')")])
-        assert policy.evaluate(make_ctx(earlier_decisions=("continue",))).fired == ()
-        assert policy.evaluate(make_ctx(earlier_decisions=("suspend",))).fired
+        assert policy.decide_and_count(make_ctx(earlier_decisions=("continue",))).fired == ()
+        assert policy.decide_and_count(make_ctx(earlier_decisions=("suspend",))).fired
 
     def test_cel_reads_candidates(self, make_ctx: MakeContext) -> None:
         policy = Policy([Rule(name="c", when="batch.candidates.exists(c, c[0] > 0.9)")])
-        assert policy.evaluate(make_ctx(candidates=[[0.1], [0.2]])).fired == ()
-        assert policy.evaluate(make_ctx(candidates=[[0.1], [0.95]])).fired
+        assert policy.decide_and_count(make_ctx(candidates=[[0.1], [0.2]])).fired == ()
+        assert policy.decide_and_count(make_ctx(candidates=[[0.1], [0.95]])).fired
 
     def test_cel_reads_gate_and_budget(self, make_ctx: MakeContext) -> None:
         when = "gate.disposition == 'fallback' && gate.consecutive_fallbacks >= 2"
         policy = Policy([Rule(name="g", when=when + " && budget.spent < budget.remaining")])
-        assert policy.evaluate(make_ctx(disposition="fallback", consecutive_fallbacks=2)).fired
-        assert not policy.evaluate(make_ctx(disposition="accepted")).fired
+        assert policy.decide_and_count(
+            make_ctx(disposition="fallback", consecutive_fallbacks=2)
+        ).fired
+        assert not policy.decide_and_count(make_ctx(disposition="accepted")).fired
 
     @pytest.mark.parametrize(
         ("when", "reads"),

@@ -76,7 +76,7 @@ def drive(policy: Policy, calls: list[tuple[RoundContext, bool]]) -> list[Any]:
     for ctx, resume in calls:
         if resume:
             policy.resume()
-        decisions.append(policy.evaluate(ctx))
+        decisions.append(policy.decide_and_count(ctx))
     return decisions
 
 
@@ -103,21 +103,48 @@ class TestStateRoundTrip:
 
     def test_state_holds_counters_pointer_and_latch(self, make_ctx: MakeContext) -> None:
         policy = Policy(RULES, latch_stop=True)
-        policy.evaluate(make_ctx(node_hours=1.5))
-        policy.evaluate(make_ctx(node_hours=3.0, round_index=1))
-        policy.evaluate(make_ctx(node_hours=10.0, round_index=2))
+        policy.decide_and_count(make_ctx(node_hours=1.5))
+        policy.decide_and_count(make_ctx(node_hours=3.0, round_index=1))
+        policy.decide_and_count(make_ctx(node_hours=10.0, round_index=2))
         state = policy.to_state()
         assert state["soft_counts"] == {"soft": 2, "soft-py": 1}
         assert state["warned"]["warn"]["round_index"] == 2
         assert state["latched"] == "stop"
 
-    def test_from_state_gives_a_continuing_copy(self, make_ctx: MakeContext) -> None:
+    def test_with_state_gives_a_continuing_copy(self, make_ctx: MakeContext) -> None:
         policy = Policy(RULES, max_soft_attempts=2)
-        policy.evaluate(make_ctx(node_hours=3.0))
-        copy = policy.from_state(policy.to_state())
+        policy.decide_and_count(make_ctx(node_hours=3.0))
+        copy = policy.with_state(policy.to_state())
         assert copy is not policy
-        decision = copy.evaluate(make_ctx(node_hours=3.0, round_index=1))
+        decision = copy.decide_and_count(make_ctx(node_hours=3.0, round_index=1))
         assert decision.escalated
+
+    def test_with_state_leaves_the_policy_it_copies_as_it_was(self, make_ctx: MakeContext) -> None:
+        policy = Policy(RULES, max_soft_attempts=2)
+        before = policy.to_state()
+        policy.with_state({"soft_counts": {"soft": 1}})
+        assert policy.to_state() == before
+
+
+class TestEarlierNames:
+    """``evaluate`` and ``from_state`` (documented before the rename) still work, and warn."""
+
+    def test_evaluate_warns_and_counts_as_decide_and_count_does(
+        self, make_ctx: MakeContext
+    ) -> None:
+        old, new = Policy(RULES), Policy(RULES)
+        with pytest.warns(DeprecationWarning, match="decide_and_count"):
+            decision = old.evaluate(make_ctx(node_hours=3.0))
+        assert decision == new.decide_and_count(make_ctx(node_hours=3.0))
+        assert old.to_state() == new.to_state()
+
+    def test_from_state_warns_and_copies_as_with_state_does(self, make_ctx: MakeContext) -> None:
+        policy = Policy(RULES)
+        policy.decide_and_count(make_ctx(node_hours=3.0))
+        with pytest.warns(DeprecationWarning, match="with_state"):
+            copy = policy.from_state(policy.to_state())
+        assert copy is not policy
+        assert copy.to_state() == policy.to_state()
 
     def test_unknown_keys_are_ignored(self, make_ctx: MakeContext) -> None:
         policy = Policy(RULES)
@@ -137,6 +164,6 @@ class TestStateRoundTrip:
 
     def test_reset_forgets_counts(self, make_ctx: MakeContext) -> None:
         policy = Policy(RULES)
-        policy.evaluate(make_ctx(node_hours=3.0))
+        policy.decide_and_count(make_ctx(node_hours=3.0))
         policy.reset()
         assert policy.to_state()["soft_counts"] == {}

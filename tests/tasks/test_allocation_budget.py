@@ -11,6 +11,7 @@ import pytest
 from policies import BudgetExceeded
 from tasks import BudgetUsed, retire_left_open
 from tasks import _allocations as allocations
+from tasks import _left_open as left_open_jobs
 from tasks._allocations import AllocationWatch
 from tasks._slurm import AllocationState
 
@@ -27,6 +28,7 @@ def _queue_knows_every_job_as_pending(monkeypatch: pytest.MonkeyPatch) -> None:
         return {j: AllocationState(job_id=j, state="PENDING", reason="Priority") for j in job_ids}
 
     monkeypatch.setattr(allocations, "query_jobs", query_jobs)
+    monkeypatch.setattr(left_open_jobs, "query_jobs", query_jobs)
 
 
 def _watch(**limits: object) -> tuple[AllocationWatch, list[str]]:
@@ -90,8 +92,10 @@ class TestRetireLeftOpen:
             "2": AllocationState(job_id="2", state="TIMEOUT", started_at=100.0, ends_at=160.0),
         }
         cancelled: list[str] = []
-        monkeypatch.setattr(allocations, "query_jobs", lambda ids, env=None: states)
-        monkeypatch.setattr(allocations, "cancel_jobs", lambda ids, env=None: cancelled.extend(ids))
+        monkeypatch.setattr(left_open_jobs, "query_jobs", lambda ids, env=None: states)
+        monkeypatch.setattr(
+            left_open_jobs, "cancel_jobs", lambda ids, env=None: cancelled.extend(ids)
+        )
         left_open = [
             allocations.AllocationRecord(job_id=j, request=1, requested_at=90.0, ends_at=200.0)
             for j in ("1", "2", "3")

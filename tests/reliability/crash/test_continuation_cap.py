@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 from crash_harness import Campaign, LoginNode, campaign_row, rows, wait_until
 
-from flows._prefect._recovery import EXHAUSTED_CODE, MAX_CONTINUATIONS
+from flows._prefect._recovery_plan import EXHAUSTED_CODE, MAX_CONTINUATIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
