@@ -39,6 +39,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_result,
+    stop_after_attempt,
+    wait_exponential,
+)
+
 from policies import DeadlineExceeded
 from tasks._allocations import AllocationRecord, AllocationWatch, BudgetUsed
 from tasks._asyncflow_internals import replace_pool
@@ -91,6 +99,16 @@ def _lost_record(number: int, marker: dict[str, Any]) -> RetryRecord:
         ),
         at=float(marker.get("started_at") or time.time()),
     )
+
+
+def _retryable(outcome: AttemptOutcome) -> bool:
+    """Return whether a task's attempt failed in a way worth running it again."""
+    return outcome.status != "done" and outcome.transient
+
+
+def _last_result(state: RetryCallState) -> Any:
+    """Return the last attempt's outcome once the retries are used up."""
+    return state.outcome.result()  # type: ignore[union-attr]  # set after every attempt
 
 
 def unique_token() -> str:
@@ -504,34 +522,60 @@ class AllocationExecutor:
                     attempt = int(found.get("attempt") or 1)
                     if outcome.transient and outcome.status != "done" and attempt <= retries:
                         outcome, attempt = None, attempt + 1  # retried from where it was
-            while outcome is None:
-                ref = None
-                if ledger is not None:
-                    ref = ledger.ref(durable or key, attempt, durable=durable is not None)
-                outcome = await self._attempt(task, f"{key}#{attempt}", timeout, ref)
-                if outcome.status == "done" or not outcome.transient or attempt > retries:
-                    break
-                records.append(
-                    RetryRecord(
-                        attempt=attempt,
-                        error_code=outcome.error_code or "task_failed",
-                        reason=outcome.reason,
-                        at=time.time(),
+            if outcome is None:
+
+                async def run_once() -> AttemptOutcome:
+                    nonlocal held
+                    if not held:  # given back while this retry waited
+                        await slots.acquire()
+                        held = True
+                    ref = None
+                    if ledger is not None:
+                        ref = ledger.ref(durable or key, attempt, durable=durable is not None)
+                    return await self._attempt(task, f"{key}#{attempt}", timeout, ref)
+
+                def wait_without_slot(state: RetryCallState) -> None:
+                    nonlocal attempt, held
+                    failed: AttemptOutcome = state.outcome.result()  # type: ignore[union-attr]
+                    records.append(
+                        RetryRecord(
+                            attempt=attempt,
+                            error_code=failed.error_code or "task_failed",
+                            reason=failed.reason,
+                            at=time.time(),
+                        )
                     )
-                )
-                delay = min(self.site.retry_backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
-                if delay > 0:
-                    # A task waiting to be retried runs nothing: its slot goes to the
-                    # batch's next task meanwhile, and is taken again for the retry.
-                    slots.release()
-                    held = False
-                    if on_backoff is not None:
-                        on_backoff()
-                    await asyncio.sleep(delay)
-                    await slots.acquire()
-                    held = True
-                attempt += 1
-                outcome = None
+                    attempt += 1
+                    if state.upcoming_sleep > 0:
+                        # A task waiting to be retried runs nothing: its slot goes to the
+                        # batch's next task meanwhile, and is taken again for the retry.
+                        slots.release()
+                        held = False
+                        if on_backoff is not None:
+                            on_backoff()
+
+                outcome = await run_once()
+                if _retryable(outcome) and attempt <= retries:
+                    first = [outcome]
+
+                    async def first_then_again() -> AttemptOutcome:
+                        # tenacity is given the run made above as its first: a call through
+                        # it costs ~0.1 ms, which every task of a batch would pay.
+                        return first.pop() if first else await run_once()
+
+                    # Budget: runs up to attempt `retries + 1` (the task's or the site's), on a
+                    # transient failure only, waiting retry_backoff * 2^(attempt-1) s, <= 300 s.
+                    retried: AttemptOutcome = await AsyncRetrying(
+                        retry=retry_if_result(_retryable),
+                        stop=stop_after_attempt(retries + 2 - attempt),
+                        wait=wait_exponential(
+                            multiplier=self.site.retry_backoff * 2 ** (attempt - 1),
+                            max=_MAX_BACKOFF,
+                        ),
+                        before_sleep=wait_without_slot,
+                        retry_error_callback=_last_result,
+                    )(first_then_again)
+                    outcome = retried
         finally:
             if held:
                 slots.release()

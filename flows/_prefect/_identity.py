@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 from uuid import UUID
 
+from flows._prefect._asgi import read_body, replay_body
 from flows._prefect._identity_logins import ApproverLogins, Login, logins_path
 from flows._prefect._identity_resume import (
     OWNER,
@@ -209,7 +210,7 @@ class Identity:
         self, scope: Scope, receive: Any, send: Any, flow_run_id: UUID, name: str | None
     ) -> None:
         """Pass a resume on with the server's stamp; an approver's only as the rules allow."""
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         try:
@@ -237,7 +238,7 @@ class Identity:
             body = json.dumps({**payload, "run_input": run_input}).encode()
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
-        await self.app({**scope, "headers": headers}, _replay(body, receive), send)
+        await self.app({**scope, "headers": headers}, replay_body(body, receive), send)
 
     def _socket_receive(self, scope: Scope, below: str, receive: Any) -> Any:
         """Check a websocket's first ``auth`` message; an approver's only for the live streams."""
@@ -306,32 +307,6 @@ async def _answer(send: Any, status: int, message: str) -> None:
         headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """Return a resume's whole body (small JSON), or None when the client left first."""
-    body = b""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk: bytes = message.get("body", b"")
-        body += chunk
-        if not message.get("more_body", False):
-            return body
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    given = False
-
-    async def receive_again() -> Any:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return receive_again
 
 
 def with_identity(app: Any, env: dict[str, str] | None = None) -> Any:

@@ -26,13 +26,22 @@ import http.client
 import json
 import random
 import ssl
-import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 from uuid import UUID
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from flows._prefect._server import ServerError
 from flows._prefect._tls import client_context
@@ -51,15 +60,27 @@ RETRIES: Final = 5
 _BUSY: Final = frozenset({429, 502, 503})
 
 
-def _backoff(attempt: int, retry_after: str | None) -> float:
+def _backoff(state: RetryCallState) -> float:
     """Return the seconds to wait before asking again: the server's word, else 2^n/4 s."""
-    if retry_after is not None:
-        try:
-            return min(float(retry_after), 30.0)
-        except ValueError:
-            pass
+    outcome = state.outcome
+    if outcome is not None and not outcome.failed:
+        retry_after = outcome.result()[0].getheader("Retry-After")
+        if retry_after is not None:
+            try:
+                return min(float(retry_after), 30.0)
+            except ValueError:
+                pass
     jitter = 1 + random.random() / 2  # noqa: S311  # spreading retries, not a secret
-    return float(min(0.25 * 2**attempt, 8.0) * jitter)
+    return float(min(0.25 * 2 ** (state.attempt_number - 1), 8.0) * jitter)
+
+
+def _busy(answer: tuple[http.client.HTTPResponse, bytes]) -> bool:
+    return answer[0].status in _BUSY
+
+
+def _last_answer(state: RetryCallState) -> Any:
+    """Return the last answer once the retries are used up (or raise its error)."""
+    return state.outcome.result()  # type: ignore[union-attr]  # set after every attempt
 
 
 class ResumeRefusedError(UnattendedError):
@@ -191,32 +212,37 @@ class Api:
             ServerError: The API cannot be reached, or refused the credentials.
         """
         payload = None if body is None else json.dumps(body).encode()
-        for attempt in range(RETRIES + 1):
+
+        def send() -> tuple[http.client.HTTPResponse, bytes]:
             try:
                 # Over https the handshake comes first: headers go only to the key's holder.
                 self._connection.request(
                     method, f"{self._prefix}/{path}", body=payload, headers=self._headers
                 )
                 response = self._connection.getresponse()
-                raw = response.read()
+                return response, response.read()
             except ssl.SSLError as exc:
                 self._connection.close()
                 raise _not_the_server(self.url, self._env, exc) from exc
-            except (OSError, http.client.HTTPException) as exc:
+            except (OSError, http.client.HTTPException):
                 self._connection.close()
-                if attempt < RETRIES and isinstance(
-                    exc, ConnectionError | http.client.HTTPException
-                ):
-                    time.sleep(_backoff(attempt, None))
-                    continue
-                raise ServerError(
-                    f"cannot reach the Prefect API at {self.url}: {type(exc).__name__}",
-                    details={"api_url": self.url},
-                ) from exc
-            if response.status in _BUSY and attempt < RETRIES:
-                time.sleep(_backoff(attempt, response.getheader("Retry-After")))
-                continue
-            break
+                raise
+
+        try:
+            # Budget: RETRIES + 1 requests, on a dropped connection or a busy status; waits
+            # as the server's Retry-After says (at most 30 s), else 2^n/4 s (at most 8 s).
+            response, raw = Retrying(
+                retry=retry_if_exception_type((ConnectionError, http.client.HTTPException))
+                | retry_if_result(_busy),
+                stop=stop_after_attempt(RETRIES + 1),
+                wait=_backoff,
+                retry_error_callback=_last_answer,
+            )(send)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerError(
+                f"cannot reach the Prefect API at {self.url}: {type(exc).__name__}",
+                details={"api_url": self.url},
+            ) from exc
         if response.status == 403 and raw.startswith(b"{"):
             # The server's identity layer (flows._prefect._identity) says which rule refused.
             why = str(json.loads(raw).get("detail") or "refused")
@@ -330,9 +356,9 @@ def resume(env: Mapping[str, str], flow_run_id: UUID, run_input: Mapping[str, An
     Raises:
         ResumeRefusedError: The run does not wait, or the server refused the input.
     """
-    deadline = time.monotonic() + _SCHEMA_WAIT_SECONDS
     with api(env) as client:
-        while True:
+
+        def answer() -> tuple[Any, str]:
             if not _read(client, flow_run_id).paused:
                 raise ResumeRefusedError(
                     f"flow run {flow_run_id} is not waiting for approval",
@@ -341,15 +367,25 @@ def resume(env: Mapping[str, str], flow_run_id: UUID, run_input: Mapping[str, An
             result = client.checked(
                 "POST", f"flow_runs/{flow_run_id}/resume", {"run_input": dict(run_input)}
             )
-            reason = str((result.get("details") or {}).get("reason") or "")
-            if _SCHEMA_NOT_STORED not in reason.lower() or time.monotonic() > deadline:
-                break
-            time.sleep(_SCHEMA_RETRY_SECONDS)
+            return result, str((result.get("details") or {}).get("reason") or "")
+
+        result, reason = _until_schema_stored(lambda a: _SCHEMA_NOT_STORED in a[1].lower())(answer)
     if str(result.get("status", "")).upper() != "ACCEPT":
         raise ResumeRefusedError(
             f"the server refused the answer for flow run {flow_run_id}: {reason or 'refused'}",
             details={"flow_run_id": str(flow_run_id)},
         )
+
+
+def _until_schema_stored(not_yet: Callable[[Any], bool]) -> Retrying:
+    """Return the retries of a request answered ``not_yet`` while the form's schema is stored."""
+    # Budget: asked again every 0.25 s for 10 s; then the last answer stands.
+    return Retrying(
+        retry=retry_if_result(not_yet),
+        stop=stop_after_delay(_SCHEMA_WAIT_SECONDS),
+        wait=wait_fixed(_SCHEMA_RETRY_SECONDS),
+        retry_error_callback=_last_answer,
+    )
 
 
 def approve(
@@ -393,14 +429,13 @@ def _rows_of(env: Mapping[str, str], flow_run_id: UUID, indices: list[int]) -> l
     Raises:
         ResumeRefusedError: An index is not a row of the waiting batch.
     """
-    deadline = time.monotonic() + _SCHEMA_WAIT_SECONDS
     with api(env) as client:
-        while True:
+
+        def stored_form() -> tuple[int, Any]:
             key = f"suspended-{_read(client, flow_run_id).pause_key}-schema"
-            status, stored = client.call("GET", f"flow_runs/{flow_run_id}/input/{key}")
-            if status < 400 or time.monotonic() > deadline:
-                break
-            time.sleep(_SCHEMA_RETRY_SECONDS)
+            return client.call("GET", f"flow_runs/{flow_run_id}/input/{key}")
+
+        status, stored = _until_schema_stored(lambda a: a[0] >= 400)(stored_form)
     # The API answers with the stored value itself: the schema, as JSON.
     schema = json.loads(stored) if isinstance(stored, str) else stored
     if status >= 400 or not isinstance(schema, dict):

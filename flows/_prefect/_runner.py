@@ -24,6 +24,12 @@ from uuid import UUID
 
 from prefect.runner import Runner
 from prefect.types.entrypoint import EntrypointType
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_never,
+)
 
 from flows._paths import private_dir
 from flows._prefect._nudge import NUDGE_SIGNAL
@@ -304,35 +310,43 @@ async def wake_on_events(
     )
     waiting: set[asyncio.Task[None]] = set()
     failures = 0
-    try:
-        while True:
-            try:
-                async with get_events_subscriber(filter=wanted) as subscriber:
-                    if failures:
-                        _log.info("runner: Prefect's event stream is back")
-                    failures = 0
-                    if on_listening is not None:
-                        on_listening()
-                    async for event in subscriber:
-                        # The live stream applies the name filter but not the related one.
-                        if not any(r.id == tagged and r.role == "tag" for r in event.related):
-                            continue
-                        flow_run_id = UUID(event.resource.id.removeprefix("prefect.flow-run."))
-                        task = asyncio.create_task(_when_due(flow_run_id, on_due))
-                        waiting.add(task)
-                        task.add_done_callback(waiting.discard)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001  # the poll covers for the stream meanwhile
-                failures += 1
-                (_log.warning if failures == 1 else _log.debug)(
-                    "runner: Prefect's event stream is unavailable (%s); polling every cycle "
-                    "until it is back",
-                    type(exc).__name__,
-                )
-            await asyncio.sleep(
-                min(retry_seconds * 2 ** max(failures - 1, 0), _EVENTS_RETRY_MAX_SECONDS)
+
+    async def listen() -> None:
+        nonlocal failures
+        try:
+            async with get_events_subscriber(filter=wanted) as subscriber:
+                if failures:
+                    _log.info("runner: Prefect's event stream is back")
+                failures = 0
+                if on_listening is not None:
+                    on_listening()
+                async for event in subscriber:
+                    # The live stream applies the name filter but not the related one.
+                    if not any(r.id == tagged and r.role == "tag" for r in event.related):
+                        continue
+                    flow_run_id = UUID(event.resource.id.removeprefix("prefect.flow-run."))
+                    task = asyncio.create_task(_when_due(flow_run_id, on_due))
+                    waiting.add(task)
+                    task.add_done_callback(waiting.discard)
+        except Exception as exc:  # the poll covers for the stream meanwhile
+            failures += 1
+            (_log.warning if failures == 1 else _log.debug)(
+                "runner: Prefect's event stream is unavailable (%s); polling every cycle "
+                "until it is back",
+                type(exc).__name__,
             )
+            raise
+
+    try:
+        # Budget: none (listened to again until cancelled, a stream that ended too),
+        # retry_seconds doubling to 60 s while it fails.
+        await AsyncRetrying(
+            retry=retry_if_exception_type(Exception) | retry_if_result(lambda _: True),
+            stop=stop_never,
+            wait=lambda _: min(
+                retry_seconds * 2 ** max(failures - 1, 0), _EVENTS_RETRY_MAX_SECONDS
+            ),
+        )(listen)
     finally:
         for task in waiting:
             task.cancel()

@@ -24,14 +24,12 @@ import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_before_delay
+
+from flows._prefect._asgi import App, Message, Receive, Scope, Send, read_body, replay_body
 
 # How long one request may be run again in the server before its 503 goes to the client
 # (whose own retries then start: 2 s, 4 s, ...; the setting
@@ -69,8 +67,10 @@ class RetryBusy:
 
     The request body is read whole first (API bodies are small JSON) so each run can
     be given it. A response that is not 503 is passed on as it is produced (a stream
-    stays a stream). Starlette re-raises an error after its handler sent the 503: that
-    error is dropped with the answer it came with, and raised with the last one.
+    stays a stream); a 503 is held back until it is known whether the request runs
+    again, and the last one goes to the client. Starlette re-raises an error after its
+    handler sent the 503: that error is dropped with the answer it came with, and
+    raised with the last one.
     WebSocket and lifespan traffic pass through untouched. An answer that took runs
     again says how many in its ``x-unattended-busy-retries`` header.
 
@@ -114,7 +114,7 @@ class RetryBusy:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return  # the client left before it finished sending: nobody to answer
         path = scope.get("path", "")
@@ -166,83 +166,99 @@ class RetryBusy:
         budget: float,
         before_again: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        deadline = time.monotonic() + budget
-        delay = self.first_delay
         again = 0
-        while True:
-            pause = delay * (0.5 + random.random())  # noqa: S311  # jitter, not a secret
-            run = _Run(send, may_hold=time.monotonic() + pause < deadline, again=again)
+
+        async def run_once() -> _Run:
+            run = _Run(send, again=again)
             try:
                 # A copy: Starlette's mounts rewrite the scope's path in place.
-                await self.app(dict(scope), run.replay(body, receive), run.send)
-            except Exception:
+                await self.app(dict(scope), replay_body(body, receive), run.send)
+            except Exception as exc:
                 if not run.held:
-                    self._say_if_passed_on(scope, run, again)
                     raise
-            if not run.held:
-                self._say_if_passed_on(scope, run, again)
-                return
+                run.error = exc  # raised only if this 503 is the one the client gets
+            return run
+
+        async def run_again(state: RetryCallState) -> None:
+            nonlocal again
             again += 1
             self.retried += 1
             if before_again is not None:
                 await before_again()
-            await self._sleep(pause)
-            delay = min(delay * 2, self.max_delay)
 
-    def _say_if_passed_on(self, scope: Scope, run: _Run, again: int) -> None:
-        if again and run.unavailable:  # a 503 that was run again, and goes to the client
+        deadline = time.monotonic() + budget
+        last = await run_once()
+        if not last.held:
+            return
+        first = [last]
+
+        async def first_then_again() -> _Run:
+            # tenacity is given the run made above as its first: a call through it costs
+            # ~0.1 ms, which every request would pay.
+            return first.pop() if first else await run_once()
+
+        # Budget: `budget` seconds (no pause begun past them), first_delay doubling to
+        # max_delay between runs, jittered; then the last 503 goes to the client.
+        last = await AsyncRetrying(
+            retry=retry_if_result(lambda run: run.held),
+            stop=stop_before_delay(max(deadline - time.monotonic(), 0.0)),
+            wait=self._pause,
+            sleep=self._sleep,
+            before_sleep=run_again,
+            retry_error_callback=_last_run,
+        )(first_then_again)
+        if not last.held:
+            return
+        if again:
             _log.warning(
                 "%s %s: answered 503 again after %d runs; passed to the client",
                 scope.get("method"),
                 scope.get("path"),
                 again + 1,
             )
+        await last.pass_on()
+        if last.error is not None:
+            raise last.error
+
+    def _pause(self, state: RetryCallState) -> float:
+        delay = min(self.first_delay * 2.0 ** (state.attempt_number - 1), self.max_delay)
+        return delay * (0.5 + random.random())  # noqa: S311  # jitter, not a secret
+
+
+def _last_run(state: RetryCallState) -> Any:
+    """Return the last run once the budget is spent."""
+    return state.outcome.result()  # type: ignore[union-attr]  # set after every run
 
 
 class _Run:
-    """One run of the app for a request: holds back a 503 answer when it may."""
+    """One run of the app for a request: holds back a 503 answer until told to pass it on."""
 
-    def __init__(self, send: Send, *, may_hold: bool, again: int) -> None:
+    def __init__(self, send: Send, *, again: int) -> None:
         self._send = send
-        self._may_hold = may_hold
         self._again = again
+        self._kept: list[Message] = []
         self.held = False
-        self.unavailable = False
-
-    def replay(self, body: bytes, receive: Receive) -> Receive:
-        given = False
-
-        async def receive_again() -> Message:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # waits for the client's disconnect, as before
-
-        return receive_again
+        self.error: Exception | None = None
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            self.unavailable = message.get("status") == _UNAVAILABLE
-            self.held = self._may_hold and self.unavailable
-            if not self.held and self._again:
-                # Says to the client (and to tests) that its request was run again here.
-                headers = [*message.get("headers", ()), (RETRIED_HEADER, b"%d" % self._again)]
-                message = {**message, "headers": headers}
-        if not self.held:
-            await self._send(message)
+            self.held = message.get("status") == _UNAVAILABLE
+        if self.held:
+            self._kept.append(message)
+        else:
+            await self._send(self._marked(message))
 
+    async def pass_on(self) -> None:
+        """Send the 503 held back, as the app produced it."""
+        for message in self._kept:
+            await self._send(self._marked(message))
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """Return the request's whole body, or None if the client disconnected first."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    def _marked(self, message: Message) -> Message:
+        if message["type"] == "http.response.start" and self._again:
+            # Says to the client (and to tests) that its request was run again here.
+            headers = [*message.get("headers", ()), (RETRIED_HEADER, b"%d" % self._again)]
+            return {**message, "headers": headers}
+        return message
 
 
 def _make_private(root: str) -> None:

@@ -40,6 +40,15 @@ from prefect.context import AsyncClientContext
 from prefect.deployments import run_deployment
 from prefect.runner import Runner
 from prefect.types.entrypoint import EntrypointType
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_never,
+    wait_exponential,
+    wait_fixed,
+)
 
 from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
 from flows._engine._direct import code_version, open_store
@@ -349,10 +358,12 @@ class CampaignService:
 
     async def _wait_for_server(self) -> None:
         """Return once the server answers again, looking every second or two."""
-        delay = 0.5
-        while not await self._server_answers():
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _SERVER_WAIT_MAX_SECONDS)
+        # Budget: none (the runner outlives an outage), 0.5 s doubling to 2 s between looks.
+        await AsyncRetrying(
+            retry=retry_if_result(lambda answers: not answers),
+            stop=stop_never,
+            wait=wait_exponential(multiplier=0.5, max=_SERVER_WAIT_MAX_SECONDS),
+        )(self._server_answers)
 
     async def _serve_with(
         self,
@@ -368,13 +379,18 @@ class CampaignService:
             # ourselves (what its loop does), so "serving" means a poll went through.
             while not self.runner.started:  # noqa: ASYNC110  # Prefect's flag, no event
                 await asyncio.sleep(_STARTED_POLL_SECONDS)
-            while True:
-                try:
-                    await poll_now(self.runner)
-                    break
-                except Exception as exc:  # noqa: BLE001  # not serving yet: asked again
-                    _log.warning("runner: the first poll failed (%s)", type(exc).__name__)
-                    await asyncio.sleep(self._query_seconds)
+
+            def say_it_failed(state: RetryCallState) -> None:
+                error = state.outcome.exception() if state.outcome is not None else None
+                _log.warning("runner: the first poll failed (%s)", type(error).__name__)
+
+            # Budget: none (not serving yet: asked again), every query interval.
+            await AsyncRetrying(
+                retry=retry_if_exception_type(Exception),
+                stop=stop_never,
+                wait=wait_fixed(self._query_seconds),
+                before_sleep=say_it_failed,
+            )(poll_now, self.runner)
             if on_serving is not None:
                 on_serving()
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import DatabaseError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from flows._provenance import _readers as readers
 from flows._provenance._allocation_writes import AllocationWrites
@@ -251,12 +251,14 @@ _LOCKED_RETRIES = 5
 
 def _upgrade_when_free(engine: Engine, location: Location) -> None:
     """Upgrade to head, trying again a few times while another process holds a fresh file."""
-    for attempt in range(_LOCKED_RETRIES):
-        try:
-            upgrade(engine, location)
-            return
-        except OperationalError as exc:
-            locked = location.path is not None and is_transient(exc)  # SQLite busy/locked
-            if not locked or attempt == _LOCKED_RETRIES - 1:
-                raise
-            time.sleep(0.05 * 2**attempt)
+
+    def locked(exc: BaseException) -> bool:  # SQLite busy/locked
+        return location.path is not None and isinstance(exc, OperationalError) and is_transient(exc)
+
+    # Budget: 5 tries, 50 ms doubling between them.
+    Retrying(
+        retry=retry_if_exception(locked),
+        stop=stop_after_attempt(_LOCKED_RETRIES),
+        wait=wait_exponential(multiplier=0.05),
+        reraise=True,
+    )(upgrade, engine, location)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +22,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, select
 from sqlalchemy.exc import OperationalError
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from flows._provenance._engines import begin_write
 from flows._provenance._errors import CampaignFenced, StorageUnavailable
@@ -89,29 +95,52 @@ def in_transaction(
 ) -> T:
     """Run ``work`` in one transaction, retrying it whole on lock contention or a disk fault."""
     storage = retry or StorageRetry.from_env(os.environ)
-    delay = 0.005
-    faults = 0
-    for attempt in range(1, _MAX_TRIES + 1):
-        try:
-            with begin_write(engine) as connection:
-                return work(connection)
-        except OperationalError as exc:
-            if is_storage_fault(exc) and storage.tries > 1:
-                faults += 1
-                if faults >= storage.tries:
-                    raise StorageUnavailable(
-                        f"the provenance database cannot be written after {faults} tries "
-                        f"({str(exc.orig).strip().splitlines()[0]})",
-                        details={"tries": faults},
-                    ) from None
-                time.sleep(min(storage.first_delay * 2 ** (faults - 1), 30.0))
-                continue
-            if attempt == _MAX_TRIES or not is_transient(exc):
-                raise
-        # Jitter so the queued writers do not wake up together again.
-        time.sleep(delay * (0.5 + random.random()))  # noqa: S311  # not cryptographic
-        delay = min(delay * 2, 1.0)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    def once() -> T:
+        with begin_write(engine) as connection:
+            return work(connection)
+
+    # Budget: lock contention 12 tries, 5 ms doubling to 1 s between them, jittered.
+    contended = Retrying(
+        retry=retry_if_exception(_contended),
+        stop=stop_after_attempt(_MAX_TRIES),
+        wait=_contention_wait,
+        reraise=True,
+    )
+    if storage.tries <= 1:
+        result: T = contended(once)
+        return result
+    try:
+        # Budget: a disk fault `storage.tries` tries, first_delay doubling to 30 s between.
+        result = Retrying(
+            retry=retry_if_exception(_storage_fault),
+            stop=stop_after_attempt(storage.tries),
+            wait=wait_exponential(multiplier=storage.first_delay, max=30.0),
+            reraise=True,
+        )(contended, once)
+    except OperationalError as exc:
+        if not is_storage_fault(exc):
+            raise
+        raise StorageUnavailable(
+            f"the provenance database cannot be written after {storage.tries} tries "
+            f"({str(exc.orig).strip().splitlines()[0]})",
+            details={"tries": storage.tries},
+        ) from None
+    return result
+
+
+def _contended(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and is_transient(exc)
+
+
+def _storage_fault(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and is_storage_fault(exc)
+
+
+def _contention_wait(state: RetryCallState) -> float:
+    # Jitter so the queued writers do not wake up together again.
+    delay = min(0.005 * 2.0 ** (state.attempt_number - 1), 1.0)
+    return delay * (0.5 + random.random())  # noqa: S311  # not cryptographic
 
 
 def insert_ignore(
