@@ -169,6 +169,7 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
     """Run the campaign through ``CampaignEngine`` directly; return its timings."""
     from flows._engine._round import CampaignEngine, Hooks
     from flows._engine._simulation import build_gate, build_run_batch
+    from flows._engine._store_thread import StoreThread
     from flows._paths import campaign_dir
     from flows._provenance import ProvenanceStore
     from flows._spec import load_campaign
@@ -189,8 +190,8 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
         if kind == "round":
             started_rounds.append(time.perf_counter())
 
-    async with AllocationExecutor.from_site(site) as executor:
-        by_argv = build_run_batch(executor, store, loaded)
+    async with StoreThread(store) as writes, AllocationExecutor.from_site(site) as executor:
+        by_argv = build_run_batch(executor, writes, loaded)
 
         async def by_function(index: int, candidates: list[list[float]], on_result: Any) -> Any:
             return await launch_batch(
@@ -206,7 +207,7 @@ async def engine_seconds(spec: Path, home: Path, *, function: bool) -> dict[str,
         checks, scores = build_gate(executor, loaded)
         engine = CampaignEngine(
             loaded=loaded,
-            store=store,
+            store=writes,
             run_batch=by_function if function else by_argv,
             node_hours_per_simulation=site.cost.node_hours_per_simulation,
             checks=checks,

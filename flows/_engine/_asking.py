@@ -80,9 +80,9 @@ async def ask_approval(
         require_proof = isinstance(decision.outcome, Suspend) and decision.outcome.require_proof
         allow_override = spec.approvals.max_batch_override
         key = f"{engine.name}-r{index}-c{call_index}"
-        row = engine.store.find_approval(key)
+        row = await engine.store.find_approval(key)
         if row is None:
-            engine.store.record_approval_request(
+            await engine.store.record_approval_request(
                 engine.name,
                 index,
                 key=key,
@@ -98,7 +98,7 @@ async def ask_approval(
                 require_proof=require_proof,
                 allow_override=allow_override,
             )
-            row = engine.store.find_approval(key)
+            row = await engine.store.find_approval(key)
             if row is None:
                 raise InternalError(
                     f"approval request {key!r} was recorded but cannot be read back",
@@ -136,7 +136,7 @@ async def ask_approval(
             fallback_node_hours=len(fallback.candidates) * engine.node_hours_per_simulation,
         )
         judgement = await await_answer(engine, request, row, suspend)
-        engine.store.set_campaign_status(engine.name, "running", round_index=index)
+        await engine.store.set_campaign_status(engine.name, "running", round_index=index)
         engine.hooks.on_event(
             "approval", {"round": index, "verdict": judgement.verdict, "by": judgement.approver}
         )
@@ -169,10 +169,10 @@ async def ask_approval(
         launch = await answered()
     except UnattendedError as ended:
         skipped = ledger.skip(f"the approval ended: {ended.code}")
-        engine.store.record_candidate_fates(engine.name, index, call_index, skipped)
+        await engine.store.record_candidate_fates(engine.name, index, call_index, skipped)
         raise
     fates = fates_once_launched(ledger, launch, fallback)
-    engine.store.record_candidate_fates(engine.name, index, call_index, fates)
+    await engine.store.record_candidate_fates(engine.name, index, call_index, fates)
     return launch
 
 
@@ -197,7 +197,7 @@ async def await_answer(
                 )
             refused += 1
             continue
-        engine.store.set_campaign_status(
+        await engine.store.set_campaign_status(
             engine.name, "awaiting_approval", round_index=request.round_index
         )
         engine.hooks.on_event(
@@ -215,7 +215,7 @@ async def await_answer(
         answer = await suspend(request, refused)
         codes = engine.approver_codes
         judgement = judge(answer, request, now=engine.now(), verify=codes.verify if codes else None)
-        engine.store.record_approval_event(
+        await engine.store.record_approval_event(
             request.key,
             decided_by=judgement.approver,
             decision=judgement.verdict,

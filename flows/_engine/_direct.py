@@ -27,10 +27,11 @@ from flows._engine._failpoints import failpoint
 from flows._engine._fencing import RecoverySettings, hold_lease
 from flows._engine._inputs import open_campaign
 from flows._engine._left_open import end_left_open
-from flows._engine._notify import Notifier, chain
+from flows._engine._notify import NoticeSender, Notifier, chain
 from flows._engine._proof import ApproverCodes
 from flows._engine._round import CampaignEngine, CampaignResult, Hooks
 from flows._engine._simulation import build_gate, build_run_batch
+from flows._engine._store_thread import StoreThread
 from flows._engine._tally import TALLY_FILE, TaskTally
 from flows._paths import approvers_dir, campaign_dir, state_dir_from
 from flows._provenance import ProvenanceStore
@@ -95,26 +96,42 @@ async def run_campaign(
     arm_failpoints(settings)
     holder = owner or hooks.flow_run_id or f"process:{socket.gethostname()}:{os.getpid()}"
     name = loaded.spec.name
-    with hold_lease(store, name, holder, RecoverySettings.from_env(env)) as previous:
-        # The run's ending is its last write, made while it still holds the lease: the
-        # runner's watchdog never takes a run that recorded how it ended for an orphan.
-        try:
-            result = await _run_rounds(
-                loaded,
-                site,
-                store,
-                hooks,
-                env=env,
-                work_dir=work_dir,
-                approvers_dir=approvers_dir,
-                run_link=run_link,
-                killed=previous is not None and not previous.released,
-            )
-        except Exception as exc:
-            record_ending(store, name, holder, "failed", classify(exc).code)
-            raise
-        record_ending(store, name, holder, result.status, result.error_code)
-        return result
+    notify = loaded.spec.notify or site.notify
+    notices = None
+    if notify is not None and work_dir is not None:
+        journal = Path(work_dir) / "notifications.jsonl"
+        notices = NoticeSender(Notifier(notify, name, journal, run_link or (lambda: None)))
+        hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, notices.on_event))
+    try:
+        with hold_lease(store, name, holder, RecoverySettings.from_env(env)) as previous:
+            # The run's calls of the store run off the event loop, in order, in one worker
+            # thread; every one of them is done before the lease is given back.
+            async with StoreThread(store) as writes:
+                # The run's ending is its last write, made while it still holds the lease: the
+                # runner's watchdog never takes a run that recorded how it ended for an orphan.
+                try:
+                    result = await _run_rounds(
+                        loaded,
+                        site,
+                        writes,
+                        hooks,
+                        env=env,
+                        work_dir=work_dir,
+                        approvers_dir=approvers_dir,
+                        killed=previous is not None and not previous.released,
+                    )
+                except Exception as exc:
+                    await writes.run(
+                        record_ending, store, name, holder, "failed", classify(exc).code
+                    )
+                    raise
+                await writes.run(
+                    record_ending, store, name, holder, result.status, result.error_code
+                )
+                return result
+    finally:
+        if notices is not None:  # a notice emitted just before the end still goes, once
+            await notices.aclose()
 
 
 def record_ending(
@@ -136,42 +153,37 @@ def record_ending(
 async def _run_rounds(
     loaded: LoadedSpec,
     site: SiteConfig,
-    store: ProvenanceStore,
+    writes: StoreThread[ProvenanceStore],
     hooks: Hooks,
     *,
     env: Mapping[str, str],
     work_dir: Path | None,
     approvers_dir: Path | None,
-    run_link: Callable[[], tuple[str, str] | None] | None,
     killed: bool,
 ) -> CampaignResult:
     from tasks import AllocationExecutor
 
     name = loaded.spec.name
-    before = next((c["status"] for c in store.campaigns() if c["name"] == name), None)
-    notify = loaded.spec.notify or site.notify
-    if notify is not None and work_dir is not None:
-        notifier = Notifier(
-            notify, name, Path(work_dir) / "notifications.jsonl", run_link or (lambda: None)
-        )
-        hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, notifier.on_event))
+    store = writes.store
+    campaigns = await writes.run(store.campaigns)
+    before = next((c["status"] for c in campaigns if c["name"] == name), None)
     if work_dir is not None:  # how far a running batch is, for `run`'s follower
         tally = TaskTally(Path(work_dir) / TALLY_FILE)
         hooks = dataclasses.replace(hooks, on_event=chain(hooks.on_event, tally.on_event))
-    checkpoint = store.load_checkpoint(name)
+    checkpoint = await writes.load_checkpoint(name)
     done = checkpoint.last_completed_round
     if before in ("running", "failed") and (done is not None or before == "failed" or killed):
         # Started again after a crash or a stopped runner, not after an approval; also
         # when the crash came before round 0 completed (a fresh campaign says "running"
         # too, but no earlier run left its lease unreleased or recorded a failure).
         hooks.on_event("recovered", {"round": 0 if done is None else done + 1})
-    store.set_campaign_status(name, "running")
+    await writes.set_campaign_status(name, "running")
     failpoint("campaign_start")
     folder = str(work_dir) if work_dir is not None else None
     # Jobs a crashed run left open are ended first, so their cost is known and stops.
     await end_left_open(store, name, site, env, folder)
     # The site's allocation budget is the campaign's: what earlier runs' jobs used counts.
-    usage = store.allocation_usage(name)
+    usage = await writes.run(store.allocation_usage, name)
     used = BudgetUsed(requests=usage.requests, node_hours=usage.node_hours)
     entered = False
     try:
@@ -181,16 +193,19 @@ async def _run_rounds(
             entered = True
             # Every change of the site's batch jobs (requested, started, ended and why)
             # goes to the provenance; `unattended status` reads the queue line from it.
-            executor.on_allocation_change(lambda records: store.record_allocations(name, records))
+            # Queued, not waited for: a write never holds up the tasks (in order all the same).
+            executor.on_allocation_change(
+                lambda records: writes.later(store.record_allocations, name, list(records))
+            )
             # A controller that does not answer is an event, not the end of the jobs.
             executor.on_scheduler_outage(
-                lambda kind, details: store.record_event(name, kind, details=details)
+                lambda kind, details: writes.later(store.record_event, name, kind, details=details)
             )
             checks, scores = build_gate(executor, loaded, site)
             engine = CampaignEngine(
                 loaded=loaded,
-                store=store,
-                run_batch=build_run_batch(executor, store, loaded, site),
+                store=writes,
+                run_batch=build_run_batch(executor, writes, loaded, site),
                 node_hours_per_simulation=site.cost.node_hours_per_simulation,
                 checks=checks,
                 scores=scores,
@@ -210,7 +225,7 @@ async def _run_rounds(
         # The first allocation is beyond what earlier runs left: stopped, recorded and told.
         last = checkpoint.last_completed_round
         index = 0 if last is None else last + 1
-        store.set_campaign_status(name, "blocked", exc.code, round_index=index)
+        await writes.set_campaign_status(name, "blocked", exc.code, round_index=index)
         hooks.on_event("stopped", {"round": index, "status": "blocked", "code": exc.code})
         return CampaignResult("blocked", exc.code, index, exc.message)
 

@@ -41,7 +41,7 @@ async def call_gate(
     # checked again (the journal holds it), and what that check says replaces the failure.
     recorded = [
         attempt
-        for attempt in map(Attempt[Proposal].model_validate, engine.store.attempts(gate_id))
+        for attempt in map(Attempt[Proposal].model_validate, await engine.store.attempts(gate_id))
         if attempt.failed_by is None
     ]
     producer_for_round = engine.planner.for_round(engine.surrogate, index)
@@ -59,7 +59,7 @@ async def call_gate(
 
     async def producer(previous: tuple[Attempt[Proposal], ...]) -> Proposal:
         if previous:
-            engine.store.record_attempt(gate_id, previous[-1])  # idempotent on its number
+            await engine.store.record_attempt(gate_id, previous[-1])  # idempotent on its number
             failpoint("after_attempt_recorded")
         done = len(previous)
         if done < len(recorded):
@@ -89,11 +89,11 @@ async def call_gate(
         failpoint("after_answer")
         return proposal
 
-    def record_failure(attempt: Attempt[Proposal]) -> None:
+    async def record_failure(attempt: Attempt[Proposal]) -> None:
         # The failure (the planner's or a check's) propagates next and stops the campaign:
         # the record keeps the attempt, and the call ends failed (a rerun decides it again).
-        engine.store.record_attempt(gate_id, attempt)
-        engine.store.finish_gate_call(gate_id, "failed", attempt.number)
+        await engine.store.record_attempt(gate_id, attempt)
+        await engine.store.finish_gate_call(gate_id, "failed", attempt.number)
 
     checks = [*planner_checks(engine.bounds, spec.batch_size), *engine.checks]
     outcome = await accept(

@@ -4,7 +4,9 @@ Why here and not Prefect's notification blocks or automations: the events are th
 engine's (a policy blocked round 3, an approval waits for alice with this deadline),
 they must reach people for campaigns run without Prefect too, and a delivery must
 never touch the campaign. So the engine's event hook calls this module, and a
-delivery that fails is logged and recorded, never raised.
+delivery that fails is logged and recorded, never raised. A run's hook queues its
+notices (:class:`NoticeSender`): one thread delivers them in order, so a channel
+that is slow or down never holds up a round.
 
 Every channel goes through Apprise (the library Prefect's own notification blocks
 use), which speaks Slack, Teams, Matrix, ntfy, email and about a hundred more by
@@ -30,12 +32,15 @@ masked, as they would otherwise show the path or the whole URL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +62,14 @@ _KINDS = {"suspend": "suspend", "failed": "failed", "recovered": "recovered"}
 # (each request's path).
 _CHATTY_LOGGERS = ("apprise", "urllib3.connectionpool")
 _MASK = "***"
+
+
+class Notice(NamedTuple):
+    """One notice to deliver: its once-only key, its kind, its text."""
+
+    key: str
+    kind: str
+    text: str
 
 
 class Channel(NamedTuple):
@@ -232,16 +245,21 @@ class Notifier:
         self._lock = threading.Lock()
 
     def on_event(self, kind: str, data: Mapping[str, Any]) -> None:
-        """Turn an engine event into a notice when it is one of the configured kinds."""
+        """Deliver the notice an engine event makes, if any, now (:class:`NoticeSender` queues)."""
+        notice = self.notice(kind, data)
+        if notice is not None:
+            self.send(*notice)
+
+    def notice(self, kind: str, data: Mapping[str, Any]) -> Notice | None:
+        """Return the notice an engine event makes, or None when it is not a configured kind."""
         notice = kind
         if kind == "stopped":
             notice = str(data.get("status"))
         elif kind not in _KINDS:
-            return
+            return None
         if notice not in self.config.events:
-            return
-        key = self._key(notice, data)
-        self.send(key, notice, self._text(notice, data))
+            return None
+        return Notice(self._key(notice, data), notice, self._text(notice, data))
 
     def send(self, key: str, kind: str, text: str) -> None:
         """Deliver ``text`` on every channel not yet sent for ``key``; never raise."""
@@ -350,6 +368,52 @@ class Notifier:
                 os.fsync(handle.fileno())
         except OSError as exc:  # a full disk must not fail the campaign either
             log.warning("cannot record a notification: %s", type(exc).__name__)
+
+
+class NoticeSender:
+    """Deliver a :class:`Notifier`'s notices from a queue, in order, in one thread of its own.
+
+    The engine's event hook only queues (:meth:`on_event`): a channel that is slow
+    or down never holds up a round (Apprise delivers synchronously, up to
+    ``timeout_seconds`` a channel). :meth:`aclose` waits, with a bound, for what is
+    queued when the run ends or suspends, so a notice emitted just before the end is
+    still delivered and journaled once. A notice still queued when the process is
+    killed is not journaled as sent: the next run's event sends it then.
+    """
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="notices")
+        self._queued: list[Future[None]] = []
+
+    def on_event(self, kind: str, data: Mapping[str, Any]) -> None:
+        """Queue the notice an engine event makes, if any (see :meth:`Notifier.notice`)."""
+        notice = self.notifier.notice(kind, data)
+        if notice is not None:
+            self._queued = [f for f in self._queued if not f.done()]
+            self._queued.append(self._pool.submit(self.notifier.send, *notice))
+
+    def bound(self) -> float:
+        """Return how long the queued notices may take: each delivery's timeout, summed."""
+        pending = sum(1 for future in self._queued if not future.done())
+        deliveries = pending * max(1, len(channels(self.notifier.config)))
+        return deliveries * self.notifier.config.timeout_seconds + 1.0
+
+    async def aclose(self, seconds: float | None = None) -> bool:
+        """Wait up to ``seconds`` (default :meth:`bound`) for the queued notices; True if all went.
+
+        The thread takes nothing new after this; one still delivering when the bound
+        passes is left to finish on its own (its journal line is written then).
+        """
+        limit = self.bound() if seconds is None else seconds
+        self._pool.shutdown(wait=False)
+        pending = [future for future in self._queued if not future.done()]
+        if not pending:
+            return True
+        _, late = await asyncio.to_thread(wait_futures, pending, limit)
+        if late:
+            log.warning("%d notification(s) not delivered within %.0f s", len(late), limit)
+        return not late
 
 
 def chain(

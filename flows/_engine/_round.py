@@ -46,7 +46,7 @@ from flows._engine._moves import (
 )
 from flows._engine._proof import ApproverCodes
 from flows._engine._round_context import PlannedBatch, RoundFacts, judge_call, round_context
-from flows._engine._store import CampaignStore, SimulationResult
+from flows._engine._store import AsyncCampaignStore, SimulationResult
 from flows._provenance import (
     CampaignStatus,
     DecisionMismatch,
@@ -143,7 +143,8 @@ class CampaignEngine:
 
     Args:
         loaded: The validated spec.
-        store: The provenance store (also the checkpoint and the batch store).
+        store: The provenance store (also the checkpoint and the batch store), awaited:
+            ``StoreThread`` runs a ``ProvenanceStore``'s calls off the event loop, in order.
         run_batch: ``async (round_index, candidates, on_result) -> results``: launches
             one batch idempotently (``tasks.launch_batch`` bound to an executor).
         checks: The gate's checks after the planner's cheap ones (e.g. a verifier).
@@ -161,7 +162,7 @@ class CampaignEngine:
     """
 
     loaded: LoadedSpec
-    store: CampaignStore
+    store: AsyncCampaignStore
     run_batch: RunBatch
     node_hours_per_simulation: float
     checks: list[ProposalCheck] = field(default_factory=list)
@@ -181,7 +182,8 @@ class CampaignEngine:
         self.allocation = Settings.from_env(self.env).allocation_window(self.walltime_seconds)
         self.name = spec.name
         self.bounds = Bounds(lower=tuple(spec.objective.lower), upper=tuple(spec.objective.upper))
-        checkpoint = self.store.load_checkpoint(self.name)
+        # Read before anything of the engine runs (a constructor cannot await).
+        checkpoint = self.store.blocking.load_checkpoint(self.name)
         self.checkpoint = checkpoint
         policy_state = checkpoint.policy_state or {}
         self.policy = build_policy(self.loaded, policy_state.get("policy"))
@@ -216,21 +218,23 @@ class CampaignEngine:
             except UnattendedError as exc:
                 # The one way a round stops the campaign: an error of the taxonomy.
                 status = stop_status(exc)
-                self.store.set_campaign_status(self.name, status, exc.code, round_index=index)
+                await self.store.set_campaign_status(self.name, status, exc.code, round_index=index)
                 event = "failed" if status == "failed" else "stopped"
                 self.hooks.on_event(event, {"round": index, "status": status, "code": exc.code})
                 return CampaignResult(status, exc.code, index, exc.message)
             except Exception as exc:
                 # Unexpected: record the stable code, then let the orchestrator see the crash.
                 # (Prefect's suspend signal is a BaseException and passes through untouched.)
-                self.store.set_campaign_status(self.name, "failed", classify(exc).code)
+                await self.store.set_campaign_status(self.name, "failed", classify(exc).code)
                 self.hooks.on_event("failed", {"round": index, "code": classify(exc).code})
                 raise
         if self.counters.tasks_done == 0 and spec.rounds > 0:
             # Every round ran and no simulation gave a value: that is no success.
             code = self.counters.last_failure_code or "task_failed"
             code = code if code in CODES else "task_failed"
-            self.store.set_campaign_status(self.name, "failed", code, round_index=spec.rounds - 1)
+            await self.store.set_campaign_status(
+                self.name, "failed", code, round_index=spec.rounds - 1
+            )
             self.hooks.on_event("failed", {"round": spec.rounds - 1, "code": code})
             return CampaignResult(
                 "failed",
@@ -239,7 +243,7 @@ class CampaignEngine:
                 f"all {spec.rounds} round(s) ran but no simulation produced a value the "
                 f"objective reads; the last batch's tasks failed with {code}",
             )
-        self.store.set_campaign_status(self.name, "completed", None)
+        await self.store.set_campaign_status(self.name, "completed", None)
         self.hooks.on_event("completed", {"rounds": spec.rounds})
         return CampaignResult("completed", None, spec.rounds, "all rounds completed")
 
@@ -266,7 +270,7 @@ class CampaignEngine:
                 spec.batch_size,
                 derive_seed(spec.seed, index, call_index),
             )
-            gate_id = self.store.record_gate_call(
+            gate_id = await self.store.record_gate_call(
                 self.name,
                 index,
                 call_index,
@@ -291,9 +295,9 @@ class CampaignEngine:
                 hours = verifier_hours(outcome, self.node_hours_per_verifier)
                 self.counters.verifier_hours += hours
                 launch = self._launch_of(outcome)
-                ledger, decision = self._judge(index, call_index, outcome, launch, fallback)
+                ledger, decision = await self._judge(index, call_index, outcome, launch, fallback)
                 seq += 1
-                self._check_recorded(index, seq, decision)
+                await self._check_recorded(index, seq, decision)
                 move = next_move(
                     decision,
                     ledger,
@@ -303,7 +307,7 @@ class CampaignEngine:
                     call_index=call_index,
                     policy_retries=spec.policy_retries,
                 )
-                self.store.record_decision(
+                await self.store.record_decision(
                     self.name,
                     index,
                     seq,
@@ -313,7 +317,7 @@ class CampaignEngine:
                     fates=move.fates,
                 )
             except Exception:
-                self._end_call(end)  # no decision to record it with: the campaign stops
+                await self._end_call(end)  # no decision to record it with: the campaign stops
                 raise
             failpoint("after_decision_recorded")
             self.counters.decisions.append(decision.outcome.kind)
@@ -343,7 +347,7 @@ class CampaignEngine:
         rationale = getattr(outcome.value, "rationale", "") or ""
         return PlannedBatch(candidates, outcome.disposition, hours, rationale=str(rationale))
 
-    def _judge(
+    async def _judge(
         self,
         index: int,
         call_index: int,
@@ -380,17 +384,17 @@ class CampaignEngine:
         launch.node_hours = len(launch.candidates) * self.node_hours_per_simulation
         if judged.decision is None:
             fates = judged.ledger.refused()
-            self.store.record_candidate_fates(self.name, index, call_index, fates)
+            await self.store.record_candidate_fates(self.name, index, call_index, fates)
             raise PolicyDenied(
                 f"round {index}: the policy refused every candidate",
                 details={"round": index, "call_index": call_index},
             )
         return judged.ledger, judged.decision
 
-    def _end_call(self, end: GateCallEnd) -> None:
+    async def _end_call(self, end: GateCallEnd) -> None:
         """Record a gate call's end without a decision; a store that fails logs, not masks."""
         try:
-            self.store.finish_gate_call(
+            await self.store.finish_gate_call(
                 end.gate_call_id, end.disposition, end.attempts_used, attempts=end.attempts
             )
         except Exception:
@@ -403,18 +407,18 @@ class CampaignEngine:
             return self.allocation.remaining(self.now())
         return max(0.0, end - self.now().timestamp())
 
-    def _check_recorded(self, index: int, seq: int, decision: Decision) -> None:
+    async def _check_recorded(self, index: int, seq: int, decision: Decision) -> None:
         """A recorded decision is authoritative: a replay that derives another one stops."""
         if index != self.replayed_round:
             return  # a round this engine started: every decision of it is its own
         recorded = next(
-            (d for d in self.store.decisions(self.name, index) if d["seq"] == seq), None
+            (d for d in await self.store.decisions(self.name, index) if d["seq"] == seq), None
         )
         if recorded is None or recorded["outcome"] == decision.outcome.kind:
             return
         details = {"round": index, "seq": seq, "recorded": recorded["outcome"]}
         details["derived"] = decision.outcome.kind
-        self.store.record_event(self.name, "decision_mismatch", details=details)
+        await self.store.record_event(self.name, "decision_mismatch", details=details)
         raise DecisionMismatch(
             f"round {index}: the recorded decision is {recorded['outcome']!r} but the current "
             f"inputs derive {decision.outcome.kind!r}; the campaign stops instead of acting on "
@@ -466,7 +470,7 @@ class CampaignEngine:
         # result, and is recorded so; the campaign goes on from its states all the same.
         produced = not results or any(r.status != "interrupted" for r in results)
         with failpoint_in_commit(self.store, "checkpoint_commit"):
-            self.store.checkpoint_round(
+            await self.store.checkpoint_round(
                 self.name,
                 index,
                 surrogate_state=self.surrogate.to_state(since=self.saved_observations),

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from flows._engine._failpoints import after_call, failpoint
 from flows._engine._gate_replay import VERIFIER_CHECK, ProposalCheck, ProposalScore
 from flows._engine._round import OnResult, RunBatch
-from flows._engine._store import CampaignStore, SimulationResult
+from flows._engine._store import AsyncCampaignStore, SimulationResult
 from flows._paths import python_argv
 from flows._provenance._rows import PREDICTION_SCORE
 from flows._spec import LoadedSpec
@@ -74,7 +74,7 @@ def campaign_simulation(loaded: LoadedSpec) -> Simulation:
 
 def build_run_batch(
     executor: AllocationExecutor,
-    store: CampaignStore,
+    store: AsyncCampaignStore,
     loaded: LoadedSpec,
     site: SiteConfig | None = None,
 ) -> RunBatch:
@@ -82,10 +82,16 @@ def build_run_batch(
 
     With ``site``, a batch the site's cost model says cannot finish before the
     allocation ends is launched in the next allocation instead.
+
+    ``tasks.launch_batch`` calls its ``BatchStore`` synchronously: it gets the
+    store's blocking face (the same worker thread, in turn), which it calls before
+    the batch's first task and after its last, never while a task waits to start.
     """
     simulation = campaign_simulation(loaded)
     # A crash test kills the process between the launch record and the first task.
-    launch_store = after_call(store, "record_batch_launched", "after_batch_launch_recorded")
+    launch_store = after_call(
+        store.blocking, "record_batch_launched", "after_batch_launch_recorded"
+    )
 
     async def run_batch(
         round_index: int, candidates: list[list[float]], on_result: OnResult | None

@@ -212,3 +212,173 @@ class CampaignStore(Protocol):
     ) -> None:
         """Finish round ``index`` with its states, in one transaction."""
         ...
+
+
+class AsyncCampaignStore(Protocol):
+    """:class:`CampaignStore` awaited: the store as the engine calls it (``StoreThread``).
+
+    Each method is the same call, with the same arguments, result and exceptions,
+    run off the event loop in the order the engine issues it.
+    """
+
+    @property
+    def blocking(self) -> CampaignStore:
+        """The same store for a caller that cannot await: each call waits for its turn."""
+        ...
+
+    async def load_checkpoint(self, name: str) -> Checkpoint:
+        """Awaited :meth:`CampaignStore.load_checkpoint`."""
+        ...
+
+    async def set_campaign_status(
+        self,
+        name: str,
+        status: CampaignStatus,
+        error_code: str | None = None,
+        *,
+        round_index: int | None = None,
+    ) -> None:
+        """Awaited :meth:`CampaignStore.set_campaign_status`."""
+        ...
+
+    async def record_gate_call(
+        self,
+        name: str,
+        index: int,
+        call_index: int,
+        *,
+        gate: str,
+        budget: int,
+        fallback_hash: str | None,
+        fallback_value: Any,
+        round_started_at: datetime | None = None,
+    ) -> int:
+        """Awaited :meth:`CampaignStore.record_gate_call`."""
+        ...
+
+    async def attempts(self, gate_call_id: int) -> list[dict[str, Any]]:
+        """Awaited :meth:`CampaignStore.attempts`."""
+        ...
+
+    async def record_attempt(self, gate_call_id: int, attempt: Any) -> None:
+        """Awaited :meth:`CampaignStore.record_attempt`."""
+        ...
+
+    async def finish_gate_call(
+        self,
+        gate_call_id: int,
+        disposition: str,
+        attempts_used: int,
+        *,
+        attempts: Iterable[Any] = (),
+    ) -> None:
+        """Awaited :meth:`CampaignStore.finish_gate_call`."""
+        ...
+
+    async def record_decision(
+        self,
+        name: str,
+        index: int,
+        seq: int,
+        record: Mapping[str, Any],
+        *,
+        gate_call: GateCallEnd | None = None,
+        call_index: int | None = None,
+        fates: Iterable[CandidateFateRecord] = (),
+    ) -> None:
+        """Awaited :meth:`CampaignStore.record_decision`."""
+        ...
+
+    async def record_candidate_fates(
+        self, name: str, index: int, call_index: int, fates: Iterable[CandidateFateRecord]
+    ) -> None:
+        """Awaited :meth:`CampaignStore.record_candidate_fates`."""
+        ...
+
+    async def find_approval(self, key: str) -> ApprovalRow | None:
+        """Awaited :meth:`CampaignStore.find_approval`."""
+        ...
+
+    async def record_approval_request(
+        self,
+        name: str,
+        index: int,
+        *,
+        key: str,
+        rule: str | None,
+        approvers: Iterable[str],
+        description: str | None,
+        flow_run_id: str | None,
+        allocation_start: datetime | None = None,
+        allocation_end: datetime | None = None,
+        require_proof: bool | None = None,
+        allow_override: bool | None = None,
+    ) -> None:
+        """Awaited :meth:`CampaignStore.record_approval_request`."""
+        ...
+
+    async def record_approval_event(
+        self,
+        key: str,
+        *,
+        decided_by: str | None,
+        decision: str,
+        comment: str | None = None,
+        overrides: Any = None,
+        allowed: bool,
+        event_key: str | None = None,
+        proof: str | None = None,
+        refusal: str | None = None,
+    ) -> bool:
+        """Awaited :meth:`CampaignStore.record_approval_event`."""
+        ...
+
+    async def decisions(self, name: str, index: int) -> list[dict[str, Any]]:
+        """Awaited :meth:`CampaignStore.decisions`."""
+        ...
+
+    async def record_event(
+        self,
+        name: str,
+        kind: str,
+        *,
+        flow_run_id: str | None = None,
+        actor: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Awaited :meth:`CampaignStore.record_event`."""
+        ...
+
+    async def find_batch(self, key: str) -> Sequence[TaskResultRecord] | None:
+        """Awaited :meth:`CampaignStore.find_batch`."""
+        ...
+
+    async def record_batch_launched(
+        self,
+        key: str,
+        *,
+        campaign: str,
+        round_index: int,
+        candidates: Iterable[Any],
+        backend: str,
+        relaunch: int = 0,
+    ) -> None:
+        """Awaited :meth:`CampaignStore.record_batch_launched`."""
+        ...
+
+    async def record_batch_results(self, key: str, results: Iterable[Any]) -> None:
+        """Awaited :meth:`CampaignStore.record_batch_results`."""
+        ...
+
+    async def checkpoint_round(
+        self,
+        name: str,
+        index: int,
+        *,
+        surrogate_state: Any,
+        policy_state: Any,
+        planner_state: Any,
+        status: str,
+    ) -> None:
+        """Awaited :meth:`CampaignStore.checkpoint_round`."""
+        ...

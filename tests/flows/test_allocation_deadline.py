@@ -103,6 +103,7 @@ class Suspensions:
     async def ask(self, env: Mapping[str, str]) -> ApprovalRequest:
         """Run the engine from round 2 (as a resumed run would) until it suspends."""
         from flows._engine._round import CampaignEngine, Hooks
+        from flows._engine._store_thread import StoreThread
         from flows._prefect._campaign import open_store
         from tasks import load_site
 
@@ -117,18 +118,19 @@ class Suspensions:
         store.ensure_campaign(
             self.loaded.spec.name, spec=self.loaded.raw, site="local", seed=7, code_version="t"
         )
-        engine = CampaignEngine(
-            loaded=self.loaded,
-            store=store,
-            run_batch=run_batch,
-            node_hours_per_simulation=1.0,
-            hooks=Hooks(suspend=suspend),
-            env=env,
-        )
-        engine.next_round = 2
         try:
-            with pytest.raises(_Suspended):
-                await engine.run()
+            async with StoreThread(store) as writes:
+                engine = CampaignEngine(
+                    loaded=self.loaded,
+                    store=writes,
+                    run_batch=run_batch,
+                    node_hours_per_simulation=1.0,
+                    hooks=Hooks(suspend=suspend),
+                    env=env,
+                )
+                engine.next_round = 2
+                with pytest.raises(_Suspended):
+                    await engine.run()
         finally:
             store.close()
         return self.requests[-1]

@@ -72,6 +72,7 @@ async def run_engine(spec_path: Path, database: Path, answers: Iterator[Any]) ->
     from flows._engine._approval import ApprovalRequest
     from flows._engine._round import CampaignEngine, Hooks
     from flows._engine._simulation import build_gate, build_run_batch
+    from flows._engine._store_thread import StoreThread
     from flows._prefect._approval_form import Approval
     from flows._provenance import ProvenanceStore
     from flows._spec import load_campaign
@@ -88,12 +89,15 @@ async def run_engine(spec_path: Path, database: Path, answers: Iterator[Any]) ->
         store.ensure_campaign(
             loaded.spec.name, spec=loaded.raw, site="local", seed=loaded.spec.seed, code_version="t"
         )
-        async with AllocationExecutor.from_site(site) as executor:
+        async with (
+            StoreThread(store) as writes,
+            AllocationExecutor.from_site(site) as executor,
+        ):
             checks, scores = build_gate(executor, loaded)
             engine = CampaignEngine(
                 loaded=loaded,
-                store=store,
-                run_batch=build_run_batch(executor, store, loaded),
+                store=writes,
+                run_batch=build_run_batch(executor, writes, loaded),
                 node_hours_per_simulation=site.cost.node_hours_per_simulation,
                 checks=checks,
                 scores=scores,
