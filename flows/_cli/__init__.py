@@ -13,14 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from flows._cli._exit import (
-    EXIT_BAD_INPUT,
-    closed_pipe,
-    describe,
-    exit_code_for,
-    fail,
-    reaches_the_user,
-)
+from flows._cli._exit import EXIT_BAD_INPUT, closed_pipe, reaches_the_user, report_error
 
 # One module per command group, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -62,5 +55,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if not reaches_the_user(exc):
             raise
-        return fail(describe(exc), exit_code_for(exc))
+        return report_error(exc)
     return code

@@ -67,11 +67,13 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    from flows._cli._exit import EXIT_BAD_INPUT, fail
+    from policies import NotFound
 
     logins = _logins()
     if not logins.remove(args.name):
-        return fail(f"approver {args.name!r} has no login ({logins.path})", EXIT_BAD_INPUT)
+        raise NotFound(
+            f"approver {args.name!r} has no login ({logins.path})", details={"approver": args.name}
+        )
     print(f"approver {args.name}'s login is revoked (at once; the server needs no restart)")
     return 0
 
