@@ -84,7 +84,8 @@ class TestOptionChecks:
         (taken / "keep").write_text("x")
         code, out, err = _run(capsys, "export", "c", "--format", "ro-crate", "--out", str(taken))
         assert (code, out) == (EXIT_BAD_INPUT, "")
-        assert err.startswith(f"error: --out {taken}: ") and err.count("\n") == 1
+        assert err.startswith(f"error: --out {taken}: ")
+        assert err.count("\n") == 1
         assert (taken / "keep").read_text() == "x"
 
 

@@ -42,7 +42,7 @@ def _module_ids() -> list[str]:
 
 @pytest.mark.parametrize("path", MODULES, ids=_module_ids())
 def test_no_handler_prints_its_own_error_and_returns_a_code(path: Path) -> None:
-    """No ``fail(...)`` (print, then return a code) anywhere in the CLI, nor a function by that name."""
+    """No ``fail(...)`` (print, then return a code) in the CLI, nor a function by that name."""
     tree = _tree(path)
     calls = [line for name, line in _called_names(tree) if name == "fail"]
     defined = [
