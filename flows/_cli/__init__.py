@@ -20,7 +20,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows._cli._campaign",
     "flows._cli._operate",
     "flows._cli._server",
-    "flows._cli._approver",
     "flows._cli._approvers",
     "flows._cli._inspect",
     "flows._cli._report",

@@ -217,9 +217,9 @@ def _report_verdict(event: ApprovalEventRecord, pending: PendingApproval) -> int
             "totp replayed": "the one-time code was used already; wait for the next one",
             "totp missing": "this rule requires your one-time code (--code)",
             "totp not enrolled": f"{by!r} has no one-time code enrolled on this node "
-            "('unattended approver add')",
+            "('unattended approvers code NAME')",
             "totp secret exposed": f"{by!r}'s secret file is readable by other users, so a "
-            "code proves nothing; re-enrol with 'unattended approver add --replace'",
+            "code proves nothing; re-enrol with 'unattended approvers code NAME --replace'",
         }.get(event.proof, event.proof)
         raise AnswerRefusedError(
             f"refused: {why}; nothing ran and the run waits again for an answer with proof",
