@@ -13,21 +13,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from flows._cli._exit import (
-    EXIT_BAD_INPUT,
-    closed_pipe,
-    describe,
-    exit_code_for,
-    fail,
-    reaches_the_user,
-)
+from flows._cli._exit import EXIT_BAD_INPUT, closed_pipe, reaches_the_user, report_error
 
 # One module per command group, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "flows._cli._campaign",
     "flows._cli._operate",
     "flows._cli._server",
-    "flows._cli._approver",
     "flows._cli._approvers",
     "flows._cli._inspect",
     "flows._cli._report",
@@ -62,5 +54,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if not reaches_the_user(exc):
             raise
-        return fail(describe(exc), exit_code_for(exc))
+        return report_error(exc)
     return code

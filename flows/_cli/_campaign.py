@@ -174,20 +174,19 @@ def _spec_and_site(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     import os
-    import sys
 
     from flows._check import check_campaign
-    from flows._cli._exit import EXIT_BAD_INPUT
+    from flows._cli._exit import ProblemsFoundError
     from flows._words import count
 
     if args.json:
         return _check_json(args)
     report = check_campaign(args.spec, args.site, os.environ, run_simulation=args.run_simulation)
     if report.checked is None:
-        for problem in report.problems:
-            print(f"error: {problem.text}", file=sys.stderr)
-        print(f"{count(len(report.problems), 'problem')} found", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise ProblemsFoundError(
+            [problem.text for problem in report.problems],
+            code="site_invalid" if report.site_only else "spec_invalid",
+        )
     checked = report.checked
     spec = checked.loaded.spec
     rules = count(checked.rules, "policy rule") if checked.rules else "no policy rules (allowed)"
@@ -211,7 +210,7 @@ def _check_json(args: argparse.Namespace) -> int:
 
     from flows._check import check_campaign
     from flows._cli._exit import EXIT_BAD_INPUT, exit_code_for
-    from flows._cli._service import print_json
+    from flows._cli._runs import print_json
     from policies import UnattendedError
 
     try:
@@ -262,7 +261,7 @@ def _check_json(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from flows._cli._service import follow, print_submitted, submit_now
+    from flows._cli._submit import follow, print_submitted, submit_now
 
     submitted = submit_now(args.spec, args.site, start=False, accept_changes=args.accept_changes)
     print_submitted(submitted)
@@ -272,13 +271,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from flows._cli._service import (
-        ensure_runner,
-        follow,
-        print_submitted,
-        show_stored_completion,
-        submit_now,
-    )
+    from flows._cli._runner import ensure_runner
+    from flows._cli._submit import follow, print_submitted, show_stored_completion, submit_now
 
     if show_stored_completion(args.spec, args.site):
         return 0
@@ -290,7 +284,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _extend(args: argparse.Namespace) -> int:
     from flows._cli._resolve import registration_of
-    from flows._cli._service import follow, print_submitted, submit_now
+    from flows._cli._submit import follow, print_submitted, submit_now
     from flows._engine._extension import raised_text
     from flows._spec import load_campaign
 
@@ -341,13 +335,13 @@ def _replace_text(path: Path, text: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from flows._cli._service import serve_foreground, start_detached_runner, stop_runner
+    from flows._cli._runner import serve_foreground, start_detached_runner, stop_runner
 
     if args.stop:
         print("runner stopped" if stop_runner() else "no runner was running")
         return 0
     if args.detach:
-        from flows._cli._service import runner_pid
+        from flows._cli._runner import runner_pid
 
         serving = runner_pid()
         if serving is not None:
@@ -361,7 +355,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from flows._cli._resolve import run_of
-    from flows._cli._service import show_run, show_runs
+    from flows._cli._runs import show_run, show_runs
 
     if not args.run:
         return show_runs(as_json=args.json)
@@ -369,14 +363,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _approvals(args: argparse.Namespace) -> int:
-    from flows._cli._service import show_approvals
+    from flows._cli._runs import show_approvals
 
     return show_approvals(as_json=args.json)
 
 
 def _approve(args: argparse.Namespace) -> int:
+    from flows._cli._answer import answer
     from flows._cli._resolve import run_of
-    from flows._cli._service import answer
 
     if args.batch_size is not None and args.candidates is not None:
         # Which one was meant? The flow would refuse the answer; say so before sending it.

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from flows._cli._exit import BAD_INPUT_CODES, EXIT_BAD_INPUT, exit_code_for_status, fail
+from flows._cli._exit import BAD_INPUT_CODES, exit_code_for_status, report_error
 from flows._engine._direct import run_direct
 from policies import UnattendedError
 
@@ -30,8 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = asyncio.run(run_direct(args.spec, site=args.site, state_dir=args.state_dir))
     except UnattendedError as exc:
-        if exc.code in BAD_INPUT_CODES:
-            return fail(exc.message, EXIT_BAD_INPUT)
+        if exc.code in BAD_INPUT_CODES:  # bad input: one line, exit 2; anything else a traceback
+            return report_error(exc)
         raise
     print(
         json.dumps(

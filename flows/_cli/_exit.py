@@ -1,7 +1,11 @@
 """Exit codes: the one place where an error or a campaign status becomes an exit status.
 
-Every command's handler raises; :func:`flows._cli.main` catches once, prints one
-``error: ...`` line on stderr and returns :func:`exit_code_for`. The table:
+Every command's handler raises; :func:`flows._cli.main` catches once and calls
+:func:`report_error`, which prints one ``error: ...`` line on stderr (one per problem
+for :class:`ProblemsFoundError`) and returns :func:`exit_code_for`. An error of the
+taxonomy gets its status from its ``code``; an outcome the codes do not decide (an
+approval answer the flow refused) is a :class:`CommandError` carrying its
+``exit_code``. The table:
 
 ====  =====================================================================
 code  meaning
@@ -21,9 +25,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final, assert_never
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, assert_never
 
+from flows._words import count
 from policies import UnattendedError
 
 if TYPE_CHECKING:  # the store's package loads SQLAlchemy; `inspect --help` must not
@@ -43,8 +48,54 @@ BAD_INPUT_CODES: Final = frozenset(
 )
 
 
+class CommandError(UnattendedError):
+    """An outcome a command ends with as an error, carrying the exit status it exits with.
+
+    For outcomes whose status the table does not derive from ``code``: an approval
+    answer the flow refused exits 6 (``flows._cli._answer.AnswerRefusedError``).
+
+    Args:
+        message: What happened, naming fields, rules, codes and ids only.
+        exit_code: The exit status (the table above).
+        code: The error's stable code (one of ``policies.CODES``).
+        details: JSON-serialisable identifiers.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_code: int,
+        code: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, details=details)
+        self.exit_code = exit_code
+
+
+class ProblemsFoundError(UnattendedError):
+    """Every problem found in one input (``check``): one ``error:`` line each, then how many.
+
+    Args:
+        problems: Each problem's text (naming its file and field).
+        code: ``spec_invalid`` (the default) or ``site_invalid``; either exits 2.
+    """
+
+    code = "spec_invalid"
+
+    def __init__(self, problems: Sequence[str], *, code: str | None = None) -> None:
+        super().__init__(
+            f"{count(len(problems), 'problem')} found",
+            code=code,
+            details={"problems": len(problems)},
+        )
+        self.problems = tuple(problems)
+
+
 def exit_code_for(exc: BaseException) -> int:
     """Return the exit status for an error that reached the command line."""
+    if isinstance(exc, CommandError):
+        return exc.exit_code
     if isinstance(exc, UnattendedError):
         return EXIT_BAD_INPUT if exc.code in BAD_INPUT_CODES else EXIT_FAILED
     if isinstance(exc, _NAMED_WRONG_THING) or is_database_error(exc):
@@ -115,10 +166,18 @@ def describe(exc: BaseException) -> str:
     return str(exc)
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
-    """Print ``error: message`` on stderr and return ``code``."""
-    print(f"error: {message}", file=sys.stderr)
-    return code
+def report_error(exc: BaseException) -> int:
+    """Print ``exc`` on stderr as the user reads it and return its exit status.
+
+    One ``error: ...`` line (:func:`describe`); for :class:`ProblemsFoundError`, one per
+    problem and then how many. The only place a command's error is printed.
+    """
+    if isinstance(exc, ProblemsFoundError):
+        lines = [*(f"error: {problem}" for problem in exc.problems), exc.message]
+    else:
+        lines = [f"error: {describe(exc)}"]
+    print("\n".join(lines), file=sys.stderr)
+    return exit_code_for(exc)
 
 
 def closed_pipe() -> int:

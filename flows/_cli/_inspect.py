@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flows._cli._exit import fail
 from flows._paths import state_dir_from
+from policies import ValidationFailed
 
 _DB_HELP = (
     "database: a postgresql+psycopg:// URL, a .db file, a campaign directory or a state "
@@ -126,9 +126,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
     locations = database_locations(args.db, args.campaign, os.environ)
     if args.campaign is None and args.round_index is not None:
-        return fail("--round needs a CAMPAIGN")
+        raise ValidationFailed("--round needs a CAMPAIGN", details={"field": "--round"})
     if args.allocations and (args.campaign is None or args.round_index is not None):
-        return fail("--allocations needs a CAMPAIGN and no --round")
+        raise ValidationFailed(
+            "--allocations needs a CAMPAIGN and no --round", details={"field": "--allocations"}
+        )
     if args.campaign is None:
         data: Any = render.list_campaigns(locations)
         render.show(data, render.print_campaigns, as_json=args.json, wide=args.wide)
@@ -160,11 +162,16 @@ def _export(args: argparse.Namespace) -> int:
     location = database_locations(args.db, args.campaign, os.environ)[0]
     if args.format in ("ro-crate", "prov"):
         if args.records is not None:
-            return fail(f"--records applies to jsonl and csv, not --format {args.format}")
+            raise ValidationFailed(
+                f"--records applies to jsonl and csv, not --format {args.format}",
+                details={"field": "--records"},
+            )
         return _records.export_graph(location, args.campaign, fmt=args.format, output=args.output)
     records = args.records or ("all" if args.format == "jsonl" else "attempts")
     if args.format == "csv" and records == "all":
-        return fail("--format csv needs --records attempts or task_results")
+        raise ValidationFailed(
+            "--format csv needs --records attempts or task_results", details={"field": "--records"}
+        )
     with _records.open_read_only(location) as store:
         _records.export(store, args.campaign, fmt=args.format, records=records, output=args.output)
     return 0

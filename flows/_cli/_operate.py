@@ -86,7 +86,7 @@ def _cancel(args: argparse.Namespace) -> int:
     from flows._prefect._connect import connect
 
     connect(start=False)
-    from flows._cli._service import runner_alive
+    from flows._cli._runner import runner_alive
     from flows._prefect._endings import CANCELLED_CODE, cancel_campaign
 
     serves = runner_alive()
@@ -129,8 +129,8 @@ def _cancel(args: argparse.Namespace) -> int:
 def _delete(args: argparse.Namespace) -> int:
     import asyncio
 
-    from flows._cli._exit import fail
     from flows._prefect._connect import connect
+    from policies import ValidationFailed
 
     connect(start=False)
     from flows._prefect._delete import delete_campaign, plan_delete
@@ -139,9 +139,10 @@ def _delete(args: argparse.Namespace) -> int:
     name = plan.name
     if not args.yes:
         if not sys.stdin.isatty():
-            return fail(
+            raise ValidationFailed(
                 f"not deleting campaign {name}: no terminal to ask for confirmation on; "
-                "pass --yes to delete without asking"
+                "pass --yes to delete without asking",
+                details={"field": "--yes", "campaign": name},
             )
         record = (
             f"and its provenance ({plan.provenance}) and folder"
@@ -156,7 +157,10 @@ def _delete(args: argparse.Namespace) -> int:
         )
         typed = input(f"type the campaign's name ({name}) to delete it: ")
         if typed.strip() != name:
-            return fail(f"the name typed is not {name!r}; nothing was deleted")
+            raise ValidationFailed(
+                f"the name typed is not {name!r}; nothing was deleted",
+                details={"field": "confirmation", "campaign": name},
+            )
     outcome = asyncio.run(delete_campaign(plan, purge=args.purge, actor=getpass.getuser()))
     deployment = (
         f"its deployment {plan.registration.deployment_name}"
@@ -211,7 +215,7 @@ def _up(args: argparse.Namespace) -> int:
         say("Prefect server started")
     elif not external:
         say("Prefect server already running")
-    from flows._cli._service import runner_pid, start_detached_runner
+    from flows._cli._runner import runner_pid, start_detached_runner
 
     serving = runner_pid()
     if serving is not None:

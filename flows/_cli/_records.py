@@ -108,10 +108,10 @@ def export_graph(location: str, name: str, *, fmt: str, output: str | None) -> i
             target = Path(output or f"{name}-ro-crate").expanduser()
             try:
                 written = [write_crate(store, name, target)]
-            except FileExistsError as exc:
-                from flows._cli._exit import fail
+            except FileExistsError as exc:  # exit 2: the user named a path that is taken
+                from policies import ValidationFailed
 
-                return fail(str(exc))
+                raise ValidationFailed(str(exc), details={"field": "--output"}) from exc
         else:
             written = _write_prov(store, name, Path(output or name).expanduser())
     finally:

@@ -16,7 +16,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from flows._cli._exit import fail
 from flows._cli._inspect import _DB_HELP, database_locations
 
 if TYPE_CHECKING:
@@ -98,10 +97,13 @@ def _site_node_hours(site: str) -> float | None:
 def _replay(args: argparse.Namespace) -> int:
     from flows._provenance import ProvenanceStore
     from flows._replay import replay
-    from policies import load_policy
+    from policies import ValidationFailed, load_policy
 
     if args.node_hours_per_simulation is not None and not args.node_hours_per_simulation >= 0:
-        return fail("--node-hours-per-simulation must be a number >= 0")
+        raise ValidationFailed(
+            "--node-hours-per-simulation must be a number >= 0",
+            details={"field": "--node-hours-per-simulation"},
+        )
     policy = load_policy(args.policy)
     location = database_locations(args.db, args.campaign, os.environ)[0]
     with ProvenanceStore.open(location, read_only=True) as store:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._cli._service import follow
+from flows._cli._submit import follow
 from flows._prefect._service import CampaignService, submit_campaign
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]

@@ -61,11 +61,21 @@ class TestEnrol:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
         monkeypatch.setenv("UNATTENDED_HOME", str(tmp_path))
-        assert main(["approver", "add", "bob"]) == 0
+        assert main(["approvers", "code", "bob"]) == 0
         out = capsys.readouterr().out
         assert "otpauth://totp/unattended:bob?secret=" in out
         assert (tmp_path / "approvers" / "bob.totp").stat().st_mode & 0o777 == 0o600
-        assert main(["approver", "add", "bob"]) == 2  # no second secret by accident
+        assert main(["approvers", "code", "bob"]) == 2  # no second secret by accident
+
+    def test_the_first_spelling_approver_add_still_enrols(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``approver add NAME`` (hidden from --help) is ``approvers code NAME``."""
+        monkeypatch.setenv("UNATTENDED_HOME", str(tmp_path))
+        assert main(["approver", "add", "bob"]) == 0
+        assert "otpauth://totp/unattended:bob?secret=" in capsys.readouterr().out
+        assert main(["approvers", "code", "bob", "--replace"]) == 0
+        assert main(["approver", "add", "bob"]) == 2  # the same secret file, the same refusal
 
 
 class TestVerify:

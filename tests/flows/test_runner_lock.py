@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._cli import _service
+from flows._cli import _runner
 
 
 @pytest.fixture
@@ -37,26 +37,26 @@ def test_a_probe_does_not_turn_a_starting_runner_away(home: Path) -> None:
     lock = home / "runner.lock"
     probe = _hold(lock, fcntl.LOCK_SH)  # what runner_alive holds, stretched to 0.2 s
     threading.Timer(0.2, os.close, (probe,)).start()
-    fd = _service._lock_runner(lock)
+    fd = _runner._lock_runner(lock)
     try:
         assert fd is not None
-        assert _service.runner_alive()
+        assert _runner.runner_alive()
         assert lock.read_text() == str(os.getpid())
     finally:
         if fd is not None:
             os.close(fd)
-    assert not _service.runner_alive()
+    assert not _runner.runner_alive()
 
 
 def test_a_runner_holding_the_lock_turns_a_second_one_away(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_service, "_LOCK_PATIENCE_SECONDS", 0.2)
+    monkeypatch.setattr(_runner, "_LOCK_PATIENCE_SECONDS", 0.2)
     lock = home / "runner.lock"
     held = _hold(lock, fcntl.LOCK_EX)
     try:
         started = time.monotonic()
-        assert _service._lock_runner(lock) is None
+        assert _runner._lock_runner(lock) is None
         assert time.monotonic() - started >= 0.2
     finally:
         os.close(held)
@@ -65,10 +65,10 @@ def test_a_runner_holding_the_lock_turns_a_second_one_away(
 _SLOW_RUNNER = """
 import os, signal, sys, time
 from pathlib import Path
-from flows._cli import _service
+from flows._cli import _runner
 stopping = []
 signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-fd = _service._lock_runner(Path(sys.argv[1]))
+fd = _runner._lock_runner(Path(sys.argv[1]))
 assert fd is not None
 print("serving", flush=True)
 while not stopping:
@@ -88,10 +88,10 @@ def test_stop_returns_once_the_lock_is_free_so_the_next_runner_can_serve(home: P
     try:
         assert runner.stdout is not None
         assert runner.stdout.readline().strip() == "serving"
-        assert _service.runner_alive()
-        assert _service.stop_runner()
-        assert not _service.runner_alive()
-        fd = _service._lock_runner(home / "runner.lock")
+        assert _runner.runner_alive()
+        assert _runner.stop_runner()
+        assert not _runner.runner_alive()
+        fd = _runner._lock_runner(home / "runner.lock")
         assert fd is not None
         os.close(fd)
     finally:

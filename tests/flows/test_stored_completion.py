@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._cli._service import show_stored_completion
+from flows._cli._submit import show_stored_completion
 from flows._provenance import ProvenanceStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"

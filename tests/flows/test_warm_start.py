@@ -221,7 +221,7 @@ class TestSubmitThroughTheRunner:
         import json
         import time
 
-        from flows._cli._service import LISTENING_LINE
+        from flows._cli._runner import LISTENING_LINE
         from flows._paths import private_dir
         from flows._prefect import _rest as rest
         from flows._prefect._submissions import _write_atomically, spool_dir

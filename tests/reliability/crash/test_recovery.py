@@ -39,7 +39,7 @@ from crash_harness import (
     wait_until,
 )
 
-from flows._cli._service import LISTENING_LINE
+from flows._cli._runner import LISTENING_LINE
 from flows._prefect._rest import approve, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]

@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 import pytest
 
-from flows._cli._service import LISTENING_LINE
+from flows._cli._runner import LISTENING_LINE
 from flows._prefect._server import ServerConfig, ServerHandle, client_env, start_server, stop_server
 from flows._prefect._tls import CertificatePaths, make_certificate
 
