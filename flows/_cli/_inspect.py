@@ -138,7 +138,9 @@ def _inspect(args: argparse.Namespace) -> int:
     with _records.open_read_only(locations[0]) as store:
         if args.allocations:
             data = _allocations(store, args.campaign)
-            render.show(data, render.print_allocations, as_json=args.json, wide=args.wide)
+            from flows._cli._render_allocations import print_allocations
+
+            render.show(data, print_allocations, as_json=args.json, wide=args.wide)
         elif args.round_index is None:
             data = store.summary(args.campaign)
             render.show(data, render.print_summary, as_json=args.json, wide=args.wide)

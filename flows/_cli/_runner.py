@@ -67,17 +67,19 @@ _LOCK_PATIENCE_SECONDS = 1.0
 def _lock_runner(path: Path) -> int | None:
     """Take the runner's lock for this process's lifetime; None when another runner holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    give_up = time.monotonic() + _LOCK_PATIENCE_SECONDS
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= give_up:
-                os.close(fd)
-                return None
-            time.sleep(0.01)
+    # Budget: every 10 ms for _LOCK_PATIENCE_SECONDS (a runner that is stopping lets go).
+    try:
+        Retrying(
+            retry=retry_if_exception_type(BlockingIOError),
+            stop=stop_after_delay(_LOCK_PATIENCE_SECONDS),
+            wait=wait_fixed(0.01),
+        )(fcntl.flock, fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except RetryError:
+        os.close(fd)
+        return None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd  # kept open (and locked) until the process exits, however it exits

@@ -33,8 +33,6 @@ _REASON = re.compile(rf"^{re.escape(MARKER)}\s+\S+\s+\S+\s+\S+", re.MULTILINE)
 # is merged (the test says which).
 BEING_SPLIT = frozenset(
     {
-        "flows/_cli/_service.py",
-        "flows/_cli/_render.py",
         "flows/_prefect/_service.py",
         "tasks/_dispatch.py",
         "tasks/_executor.py",

@@ -24,7 +24,6 @@ PACKAGES = ("acceptance", "policies", "tasks", "flows")
 # Function -> why its hand-written retry stays for now (convert it, then drop the line).
 KNOWN = {
     "_pilot_ended": "tasks' RADICAL-Pilot dispatch, being reworked (issue 46: one retry helper)",
-    "_lock_runner": "the CLI's runner lock, being split out (issue 46: one retry helper)",
 }
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
