@@ -51,8 +51,9 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z_:0-9,\s]*$",
         validation_alias=AliasChoices("UNATTENDED_FAILPOINTS", "failpoints"),
         description=(
-            "Crash testing only: 'name:N[,name:N...]' kills the campaign process with SIGKILL "
-            "the Nth time it passes failpoint 'name' (docs/reliability.md)."
+            "Crash testing only: 'name:N[:action][,...]' kills the campaign process with "
+            "SIGKILL (action 'kill', the default) or stops it with SIGSTOP ('stop') the Nth "
+            "time it passes failpoint 'name' (docs/reliability.md)."
         ),
     )
     allocation_end: float | None = Field(

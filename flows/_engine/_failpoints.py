@@ -1,8 +1,13 @@
-"""Failpoints: kill the campaign process at a named point, to prove it resumes.
+"""Failpoints: kill (or stop) the campaign process at a named point, to prove it resumes.
 
-Set ``UNATTENDED_FAILPOINTS`` to ``name:N[,name:N...]`` and the process sends
-itself SIGKILL at the Nth time it reaches ``failpoint(name)`` (no cleanup, no
-``finally``, no flush: what a node failure or the batch system's kill does).
+Set ``UNATTENDED_FAILPOINTS`` to ``name:N[:action][,name:N[:action]...]`` and the
+process acts on itself the Nth time it reaches ``failpoint(name)``. The action
+``kill`` (the default) sends SIGKILL (no cleanup, no ``finally``, no flush: what a
+node failure or the batch system's kill does). The action ``stop`` sends SIGSTOP:
+the process halts right there, holding whatever it holds, until someone sends it
+SIGCONT, and then goes on from the point as if nothing happened. A test uses it to
+hold a process in a window deterministically (``after_lease_released:1:stop``)
+instead of racing to suspend it from outside.
 The variable (``flows._settings.Settings.failpoints``) is read once per process,
 at the first ``failpoint`` call or when the campaign runner calls :func:`arm`;
 without it every ``failpoint`` call is one dictionary truth test.
@@ -10,7 +15,7 @@ without it every ``failpoint`` call is one dictionary truth test.
 With ``UNATTENDED_FAILPOINT_SCOPE=runner`` the kill takes the whole runner tree
 first: the process named by ``UNATTENDED_RUNNER_PID`` (set by ``unattended serve``
 for the flow runs it starts) and all its descendants, as a login node that loses
-its session would.
+its session would. A ``stop`` stops only the process that reached the point.
 
 The points the campaign passes, in the order a round reaches them:
 
@@ -22,6 +27,8 @@ is not judged or recorded), ``after_attempt_recorded`` (between attempts),
 ``after_approval_recorded``, ``after_batch_launch_recorded``, ``mid_batch``
 (after each task result), ``after_batch``, ``checkpoint_commit`` (inside the
 checkpoint's transaction, just before it commits) and ``after_checkpoint``.
+A Prefect flow run passes one more as it ends: ``after_lease_released`` (the run
+recorded its ending and gave the campaign's lease back; Prefect is not told yet).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, NamedTuple, TypeVar, cast, get_args
 
 from flows._settings import Settings
 
@@ -55,19 +62,31 @@ POINTS = (
     "after_batch",
     "checkpoint_commit",
     "after_checkpoint",
+    "after_lease_released",
 )
 
+Action = Literal["kill", "stop"]
+ACTIONS: tuple[str, ...] = get_args(Action)
 
-def parse_failpoints(text: str) -> dict[str, int]:
-    """Return ``{point: occurrence}`` from ``name:N,...``; raise ``ValueError`` naming the entry.
+
+class Armed(NamedTuple):
+    """One armed failpoint: act at its ``occurrence``th pass."""
+
+    occurrence: int
+    action: Action = "kill"
+
+
+def parse_failpoints(text: str) -> dict[str, Armed]:
+    """Return ``{point: Armed}`` from ``name:N[:action],...``; raise ``ValueError`` naming it.
 
     An unknown point is refused too: a misspelt name would otherwise never fire
-    and a crash test would pass without crashing anything.
+    and a crash test would pass without crashing anything. So is an unknown action.
     """
-    armed: dict[str, int] = {}
+    armed: dict[str, Armed] = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
-        name, _, count = entry.partition(":")
-        name = name.strip()
+        name, _, rest = entry.partition(":")
+        count, _, action = rest.partition(":")
+        name, action = name.strip(), action.strip() or "kill"
         if name not in POINTS:
             raise ValueError(f"{ENV_VARIABLE}: unknown failpoint {name!r} in {entry!r}")
         try:
@@ -78,15 +97,20 @@ def parse_failpoints(text: str) -> dict[str, int]:
             ) from None
         if occurrence < 1:
             raise ValueError(f"{ENV_VARIABLE}: occurrence of {name!r} must be >= 1")
-        armed[name] = occurrence
+        if action not in ACTIONS:
+            raise ValueError(
+                f"{ENV_VARIABLE}: action of {name!r} must be one of {', '.join(ACTIONS)}, "
+                f"got {action!r}"
+            )
+        armed[name] = Armed(occurrence, cast(Action, action))
     return armed
 
 
-_ARMED: dict[str, int] | None = None  # None: not read yet
+_ARMED: dict[str, Armed] | None = None  # None: not read yet
 _HITS: dict[str, int] = {}
 
 
-def arm(env: Mapping[str, str] | Settings) -> dict[str, int]:
+def arm(env: Mapping[str, str] | Settings) -> dict[str, Armed]:
     """Read the failpoints from ``env`` (or settings), reset the hit counts; return them."""
     global _ARMED
     settings = env if isinstance(env, Settings) else Settings.from_env(env)
@@ -95,7 +119,7 @@ def arm(env: Mapping[str, str] | Settings) -> dict[str, int]:
     return dict(_ARMED)
 
 
-def _points() -> dict[str, int]:
+def _points() -> dict[str, Armed]:
     # A process nobody armed explicitly (a flow-run process, a test's child) reads its
     # own environment once: that is where a crash test puts the variable.
     return arm(os.environ) if _ARMED is None else _ARMED
@@ -107,16 +131,21 @@ def armed(name: str) -> bool:
 
 
 def failpoint(name: str) -> None:
-    """Count a pass through ``name``; at the armed occurrence, SIGKILL this process."""
+    """Count a pass through ``name``; at the armed occurrence, SIGKILL (or SIGSTOP) this process."""
     points = _points()
     if not points or name not in points:
         return
     hits = _HITS.get(name, 0) + 1
     _HITS[name] = hits
-    if hits == points[name]:
-        if os.environ.get(SCOPE_VARIABLE) == "runner":
-            _kill_runner_tree()
-        os.kill(os.getpid(), signal.SIGKILL)
+    occurrence, action = points[name]
+    if hits != occurrence:
+        return
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once someone sends SIGCONT
+        return
+    if os.environ.get(SCOPE_VARIABLE) == "runner":
+        _kill_runner_tree()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _kill_runner_tree() -> None:

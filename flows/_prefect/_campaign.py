@@ -28,6 +28,7 @@ from flows._engine._approval import (
     describe,
 )
 from flows._engine._direct import code_version, open_store, record_ending, run_campaign
+from flows._engine._failpoints import failpoint
 from flows._engine._inputs import open_campaign
 from flows._engine._notify import chain
 from flows._engine._registration import Registration, judge_run
@@ -314,6 +315,7 @@ async def _campaign(spec_path: str, site: str, state_dir: str | None) -> Any:
     finally:
         telemetry.flush()
         store.close()
+    failpoint("after_lease_released")  # the ending is recorded, the lease given back
     return final_state(result)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows._engine import _failpoints
-from flows._engine._failpoints import ENV_VARIABLE, POINTS, parse_failpoints
+from flows._engine._failpoints import ENV_VARIABLE, POINTS, Armed, parse_failpoints
 
 PROJECT = Path(__file__).resolve().parents[3]
 
@@ -39,10 +39,23 @@ def _disarmed() -> None:
 
 class TestParse:
     def test_names_and_occurrences_are_read(self):
-        assert parse_failpoints("after_gate:2, mid_batch:5") == {"after_gate": 2, "mid_batch": 5}
+        assert parse_failpoints("after_gate:2, mid_batch:5") == {
+            "after_gate": Armed(2, "kill"),
+            "mid_batch": Armed(5, "kill"),
+        }
 
     def test_a_name_without_occurrence_fires_at_the_first_pass(self):
-        assert parse_failpoints("after_checkpoint") == {"after_checkpoint": 1}
+        assert parse_failpoints("after_checkpoint") == {"after_checkpoint": Armed(1, "kill")}
+
+    def test_an_action_is_read_after_the_occurrence(self):
+        assert parse_failpoints("after_lease_released:1:stop,after_gate:2:kill") == {
+            "after_lease_released": Armed(1, "stop"),
+            "after_gate": Armed(2, "kill"),
+        }
+
+    def test_an_unknown_action_is_refused_by_name(self):
+        with pytest.raises(ValueError, match="action of 'after_gate' must be one of kill, stop"):
+            parse_failpoints("after_gate:1:pause")
 
     def test_an_unknown_name_is_refused_by_name(self):
         with pytest.raises(ValueError, match="unknown failpoint 'after_gaet'"):
@@ -88,6 +101,36 @@ class TestFailpoint:
         done = run_python(code, {ENV_VARIABLE: "after_gate:3"})
         assert done.returncode == -signal.SIGKILL
         assert done.stdout.split() == ["1", "2", "3"]
+
+    def test_a_stop_halts_the_process_there_until_it_is_continued(self):
+        """``:stop`` sends SIGSTOP at the armed pass; after SIGCONT the process goes on."""
+        code = """
+            from flows._engine._failpoints import failpoint
+            for n in range(1, 4):
+                failpoint("after_gate")
+                print(n, flush=True)
+        """
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("UNATTENDED_")}
+        process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=PROJECT,
+            env=clean | {ENV_VARIABLE: "after_gate:2:stop"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "1"
+            # Stopped at the second pass: waitpid reports it, the process is not gone.
+            _pid, status = os.waitpid(process.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status)
+            assert os.WSTOPSIG(status) == signal.SIGSTOP
+            os.kill(process.pid, signal.SIGCONT)
+            rest, _ = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert (process.returncode, rest.split()) == (0, ["2", "3"])
 
     def test_without_the_variable_the_process_runs_through(self):
         code = """

@@ -87,23 +87,41 @@ def test_a_killed_flow_run_process_is_continued_by_the_watchdog_alone(
     assert executions[1] <= ran[1] <= 2 * executions[1]
 
 
+QUIET_BUG = (
+    "the watchdog goes quiet on a campaign whose run holds the lease (its plan is empty) and "
+    "reads its provenance again only when a run's Prefect state changes "
+    "(flows/_prefect/_recovery.py, Watchdog.quiet): a run that gives the lease back, or "
+    "whose process dies, while Prefect still says Running is never judged"
+)
+
+
+@pytest.mark.parametrize(
+    "new_runner",
+    [
+        "in_the_window",
+        pytest.param("mid_batch", marks=pytest.mark.xfail(strict=True, reason=QUIET_BUG)),
+    ],
+)
 def test_a_killed_runner_never_marks_the_finished_run_crashed(
-    login_nodes: Callable[..., LoginNode], model_server: Any, reference: Any
+    login_nodes: Callable[..., LoginNode], model_server: Any, reference: Any, new_runner: str
 ) -> None:
     """Only the runner is SIGKILLed mid-batch; its flow-run process finishes the campaign.
 
     A new runner (``serve --detach``, as cron would) sees a Running run it does not
     execute. That run holds the lease while it works, records its ending, then gives the
-    lease back a moment before Prefect hears it completed. The test holds the run in that
-    moment (SIGSTOP, for longer than the lease TTL) so the new runner's watchdog sweeps
-    it there: it must never take it for an orphan (issue 43: it marked the finished run
-    Crashed, "running for 82 s without holding the campaign's lease").
+    lease back a moment before Prefect hears it completed. The failpoint
+    ``after_lease_released:1:stop`` makes the run stop itself (SIGSTOP) in that moment,
+    so the new runner's watchdog judges it there, once its ending is a lease TTL old: it
+    must settle it from its recorded ending and never take it for an orphan (issue 43: it
+    marked the finished run Crashed, "running for 82 s without holding the campaign's
+    lease"). Then the run goes on (SIGCONT) and ends Completed. The new runner starts
+    while the run is held (``in_the_window``) or while it still works (``mid_batch``).
     """
-    operator = login_nodes("runner-only")  # its own name: runs are listed by campaign tag
+    operator = login_nodes(f"runner-only-{new_runner}".replace("_", "-"))  # runs by tag
     campaign = operator.campaign
     operator.env |= slow(campaign, 2.0)  # the rounds outlast the new runner's start
     assert operator.submit().returncode == 0
-    operator.serve()
+    operator.serve(UNATTENDED_FAILPOINTS="after_lease_released:1:stop")  # its flow runs' too
     runner = operator.runner_pid()
     assert runner is not None
     wait_until(lambda: batch_launched(campaign, 1), "round 1's batch on the allocation")
@@ -113,31 +131,46 @@ def test_a_killed_runner_never_marks_the_finished_run_crashed(
     os.kill(runner, signal.SIGKILL)  # the runner only: its flow-run process goes on
     operator.wait_runner_gone()
     assert not process_gone(host, pid)
-    operator.serve()  # a new runner, while the old one's flow run still works
+    if new_runner == "mid_batch":
+        operator.serve()  # a new runner (no failpoint), while the old one's flow run works
 
-    deadline = time.monotonic() + 180
-    while not rows(campaign.database, "SELECT 1 FROM campaign_lease WHERE released = 1"):
-        assert time.monotonic() < deadline, "the flow run never gave the lease back"
-        time.sleep(0.005)
-    flow_run.suspend()  # between the lease given back and Prefect's Completed
+    def held() -> bool:
+        return flow_run.status() == psutil.STATUS_STOPPED
+
+    ending = "SELECT status, code FROM run_ending WHERE flow_run_id = ?"
+    wait_until(held, "the flow run to stop itself after giving the lease back")
     try:
-        if operator.state_of(owner) != "RUNNING":
-            # A loaded box: the flow reached Completed before the SIGSTOP landed, so the
-            # window this test is about was never held (CI saw it once). Say so loudly;
-            # a failpoint between the lease's release and Completed would remove the race.
-            pytest.skip("WINDOW MISSED: the flow run completed before it could be held")
-        time.sleep(float(FAST["UNATTENDED_LEASE_TTL_SECONDS"]) + 3)  # sweeps see it there
+        lease = "SELECT owner, released FROM campaign_lease"
+        assert rows(campaign.database, lease) == [(owner, 1)]  # the lease is given back
+        assert rows(campaign.database, ending, owner) == [("completed", None)]
+        assert operator.state_of(owner) == "RUNNING"  # Prefect has not heard the end
+        if new_runner == "in_the_window":
+            operator.serve()  # a new runner (no failpoint), while the run is held there
+
+        def judged() -> set[str]:
+            return {"run_settled", "orphan_crashed"} & set(events(campaign))
+
+        # The watchdog sweeps every 0.5 s and the run is due a lease TTL (6 s) after
+        # its ending: ten TTLs is a bound on waiting for the sweep, not a timing assert.
+        within = 10 * float(FAST["UNATTENDED_LEASE_TTL_SECONDS"])
+        verdict = wait_until(judged, "the new runner's watchdog to judge the held run", within)
+        assert verdict == {"run_settled"}
+        assert held()  # judged while held in the window, not after
+        assert operator.state_of(owner) == "COMPLETED"  # from its recorded ending
     finally:
         flow_run.resume()
 
-    operator.completes()
     wait_until(lambda: process_gone(host, pid), "the flow-run process to finish")
+    operator.completes()
     finished = next(run for run in operator.runs() if run["id"] == owner)
     assert finished["state"]["type"] == "COMPLETED", finished["state"]
     assert [run["id"] for run in operator.runs()] == [owner]  # nothing continued it
     assert "orphan_crashed" not in events(campaign)
-    ending = "SELECT status, code FROM run_ending WHERE flow_run_id = ?"
     assert rows(campaign.database, ending, owner) == [("completed", None)]
+    shown = operator.cli("status", campaign.name)
+    assert shown.returncode == 0, shown.stderr
+    assert "completed" in shown.stdout, shown.stdout
+    assert "rashed" not in shown.stdout, shown.stdout
     assert_same_record(campaign, reference, model_server)
     _record, _inferences, executions = reference
     assert campaign.executions() == executions  # nothing ran twice
