@@ -2,8 +2,9 @@
 
 On a site whose workers are batch jobs (dask-jobqueue, a pilot) the Dask scheduler
 lives in the campaign's process: when that process dies (a login-node reboot, a
-SIGKILL), the workers close at once and the tasks they were running finish with
-nobody to hear them. So every task on the allocation reports to a folder under the
+SIGKILL), the workers lose their scheduler at once; the tasks they were running
+finish (a worker's process lives until they return: benchmarks/scheduler_placement.py)
+with nobody to hear them. So every task on the allocation reports to a folder under the
 campaign directory (``task-results/``), which the next run reads before it launches
 anything:
 

@@ -3,8 +3,9 @@
 Started by the worker (``run_executable_blocking`` with a ledger) as
 ``python -I -S <this file> FOLDER DIGEST TOKEN ATTEMPT KEY -- ARGV...`` in the task's
 own session, so it outlives the worker: when the campaign's process dies, Dask's
-scheduler dies with it, its workers close at once and a task's executable would
-finish with nobody to hear it. This program waits for it and writes the result.
+scheduler dies with it, its workers close once their running tasks return, and a
+task's executable would finish with nobody to hear it (or be killed with its job).
+This program waits for it and writes the result.
 
 1. A line of ``started-<host>.jsonl`` says the task started: its digest, run, attempt,
    Slurm job, node, host, pid (``mark_started``).

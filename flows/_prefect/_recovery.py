@@ -83,6 +83,10 @@ CANCEL_ENDED = "cancelled with no process left to stop"
 _log = logging.getLogger(__name__)
 
 
+#: Prefect states of a run whose process may still work on it.
+_EXECUTING = frozenset({"PENDING", "RUNNING", "CANCELLING"})
+
+
 def _signature(runs: list[SeenRun]) -> tuple[tuple[str, str, datetime], ...]:
     return tuple(sorted((r.id, r.state, r.since) for r in runs))
 
@@ -167,7 +171,10 @@ class Watchdog:
             # A campaign left as it is is said so once a run; then it is quiet.
             fresh = [a for a in actions if not (isinstance(a, Leave) and a.after in self.left)]
             if not fresh:
-                self.quiet[key] = _signature(runs)
+                # A run that executes elsewhere (a runner that died, another host) can give
+                # its lease back, or die, with no change of its Prefect state: read again.
+                if not any(r.state in _EXECUTING and not r.alive_here for r in runs):
+                    self.quiet[key] = _signature(runs)
                 return refused
             self.quiet.pop(key, None)
             done = []

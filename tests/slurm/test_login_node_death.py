@@ -1,7 +1,7 @@
 """A login node that dies mid-batch runs no simulation twice and loses none (issue 43).
 
 With dask-jobqueue the scheduler lives in the campaign's flow-run process on the
-login node: when it dies, its workers close at once and the simulations they were
+login node: when it dies, its workers lose it at once and the simulations they were
 running finish with nobody to hear them. Each task on the allocation therefore
 leaves a started marker and its result in the campaign's ``task-results`` folder
 (``tasks/_task_ledger.py``), written by a wrapper in the task's own session, and

@@ -87,19 +87,11 @@ def test_a_killed_flow_run_process_is_continued_by_the_watchdog_alone(
     assert executions[1] <= ran[1] <= 2 * executions[1]
 
 
-QUIET_BUG = (
-    "the watchdog goes quiet on a campaign whose run holds the lease (its plan is empty) and "
-    "reads its provenance again only when a run's Prefect state changes "
-    "(flows/_prefect/_recovery.py, Watchdog.quiet): a run that gives the lease back, or "
-    "whose process dies, while Prefect still says Running is never judged"
-)
-
-
 @pytest.mark.parametrize(
     "new_runner",
     [
         "in_the_window",
-        pytest.param("mid_batch", marks=pytest.mark.xfail(strict=True, reason=QUIET_BUG)),
+        "mid_batch",
     ],
 )
 def test_a_killed_runner_never_marks_the_finished_run_crashed(
