@@ -1,10 +1,12 @@
 """Run one executable task on the allocation; leave its result where a continuation reads it.
 
-Started by the worker (``run_executable_blocking`` with a ledger) as
-``python -I -S <this file> FOLDER DIGEST TOKEN ATTEMPT KEY -- ARGV...`` in the task's
-own session, so it outlives the worker: when the campaign's process dies, Dask's
-scheduler dies with it, its workers close at once and a task's executable would
-finish with nobody to hear it. This program waits for it and writes the result.
+Started as ``python -I -S <this file> FOLDER DIGEST TOKEN ATTEMPT KEY -- ARGV...``
+(``tasks._executables.supervised_argv``): by a Dask worker (``run_executable_blocking``
+with a ledger) in the task's own session, so it outlives the worker, and by a
+RADICAL-Pilot task (``tasks._dispatch_pilot``) under the pilot's agent. When the
+campaign's process dies, Dask's scheduler dies with it, its workers close at once
+and a task's executable would finish with nobody to hear it; a pilot's agent loses
+its client. This program waits for the executable and writes the result.
 
 1. ``DIGEST.started`` says the task started: run, attempt, Slurm job, node, host, pid.
 2. ``FOLDER/fence`` names the executor run that may start tasks; another run's
@@ -14,6 +16,10 @@ finish with nobody to hear it. This program waits for it and writes the result.
    to ``DIGEST.result`` atomically (a temporary name in the same folder, fsync,
    rename), then to this program's own stdout/stderr, and
    this program ends as the program did.
+
+With ``--marker-only`` in place of ``--`` (a task whose result no later run looks
+for) only step 1 is done, and this program then becomes the program (``exec``): the
+marker says where an interrupted task ran.
 
 Standard library only (started with ``-S``): one Python start per task.
 """
@@ -30,6 +36,8 @@ import time
 
 #: Exit status of a task refused because a newer run fenced the folder (EX_TEMPFAIL).
 FENCED = 75
+#: In place of ``--``: write the started marker only, then become the program.
+MARKER_ONLY = "--marker-only"
 STDERR_TAIL = 2048
 
 
@@ -68,14 +76,16 @@ def where() -> dict[str, object]:
 
 def main(argv: list[str]) -> int:
     """Run the task named on the command line; return its exit status."""
-    folder, digest, token, attempt, key = argv[:5]
-    program = argv[6:]  # argv[5] is "--"
+    folder, digest, token, attempt, key, mode = argv[:6]  # mode: "--" or MARKER_ONLY
+    program = argv[6:]
     started = time.time()
     here = where()
     marker = {"key": key, "token": token, "attempt": int(attempt), "started_at": started, **here}
     # The marker first, then the fence: a newer run that fenced after this check sees
     # the marker and waits; one that fenced before is refused here, and told so.
     write_atomically(folder, f"{digest}.started", marker, sync=False)
+    if mode == MARKER_ONLY:
+        os.execvp(program[0], program)  # noqa: S606  # the task's own argv, as Popen below
     if fenced_out(folder, token):
         write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
         sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")
