@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli_w
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def radical_site(tmp_path: Path) -> Path:
+def radical_site(tmp_path: Path, **scheduler: Any) -> Path:
     """Write site-configs/slurm-radical.toml for the private cluster (2 cores, debug)."""
     data = load_site("slurm-radical", env={}).model_dump(mode="json", exclude_none=True)
     data["scheduler"] = {
@@ -41,6 +42,7 @@ def radical_site(tmp_path: Path) -> Path:
         "partition": "debug",
         "walltime": "00:10:00",
         "prologue": ["export OMP_NUM_THREADS=1"],
+        **scheduler,
     }
     data["backend"].update(cores=2, cores_per_node=2, runtime_minutes=10)
     data["max_concurrency"] = 4
