@@ -12,14 +12,17 @@ Three paths, chosen per site and task:
   stdin, timeouts; asyncflow's executable path has none of them).
 * everything else (Dask, RADICAL-Pilot, local ``dispatch = "engine"``): through
   the ``WorkflowEngine``, at most ``max_concurrency`` in flight so its run loop
-  stays cheap, with a unique Dask key per attempt.
+  stays cheap, with a unique Dask key per attempt; a RADICAL-Pilot executable
+  as a pilot task (``tasks._dispatch_pilot``).
+
+On the allocation every task reports to the campaign's task ledger (a ``TaskRef``):
+a function from the worker's thread, an executable through the task supervisor.
 
 Every outcome says where it ran: the host and, inside a batch job, the Slurm job id
 (read on the worker, so a Dask-on-Slurm task names the worker's job). When the
 site's allocations are watched (``AllocationWatch``) and all of them have ended,
 an attempt still waiting or running comes back ``interrupted``, not ``failed``.
-On a RADICAL-Pilot site the pilot's job is watched: RADICAL-Pilot fails (or
-cancels) the tasks of a pilot whose job ended, and those are ``interrupted`` too.
+An interrupted attempt is credited to the job and node its started marker names.
 """
 
 from __future__ import annotations
