@@ -65,7 +65,7 @@ from tasks._outcome import (
 )
 from tasks._results import ExecutableTask, FunctionTask, jsonable
 from tasks._task_ledger import TaskLedger, TaskRef
-from tasks._task_supervisor import fenced_out, where, write_atomically
+from tasks._task_supervisor import claim_start, where, write_atomically
 
 if TYPE_CHECKING:
     from tasks._allocations import AllocationRecord, AllocationWatch
@@ -123,11 +123,10 @@ def _call_recorded(
         return _call(fn, args, kwargs)
     folder, digest, token, attempt, key, durable = record
     marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
-    write_atomically(folder, f"{digest}.started", marker, sync=False)
     if not durable:  # only where it ran: no later run looks for its result
+        write_atomically(folder, f"{digest}.started", marker, sync=False)
         return _call(fn, args, kwargs)
-    if fenced_out(folder, token):  # after the marker: see tasks/_task_supervisor.py
-        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+    if not claim_start(folder, digest, token, marker):  # see tasks/_task_supervisor.py
         raise TaskFenced(f"task {key} not started: a newer run of the campaign took over")
     started = time.perf_counter()
     try:

@@ -11,7 +11,9 @@ its client. This program waits for the executable and writes the result.
 1. ``DIGEST.started`` says the task started: run, attempt, Slurm job, node, host, pid.
 2. ``FOLDER/fence`` names the executor run that may start tasks; another run's
    token there means a newer run of the campaign took over: the program is not
-   started, the result says ``fenced`` (exit ``FENCED``).
+   started (exit ``FENCED``). Read before step 1 too: fenced by then, nothing is
+   written; fenced between the marker and this read, the result says ``fenced``
+   (``claim_start``).
 3. The program runs (stdin passed on); its exit code, stdout and stderr's tail go
    to ``DIGEST.result`` atomically (a temporary name in the same folder, fsync,
    rename), then to this program's own stdout/stderr, and
@@ -64,6 +66,24 @@ def fenced_out(folder: str, token: str) -> bool:
         return False
 
 
+def claim_start(folder: str, digest: str, token: str, marker: dict[str, object]) -> bool:
+    """Write a task's started marker unless a newer run fenced the folder; True: it may start.
+
+    The fence is read before the marker and again after it. Fenced before: nothing
+    is written, so what the newer run recorded of this task (a pilot's agent may
+    start a queued task of a dead run after the continuation ran it) stays. Fenced
+    between the two reads: a newer run may have seen the marker and wait for it, so
+    the result says ``fenced`` (not run, not lost).
+    """
+    if fenced_out(folder, token):
+        return False
+    write_atomically(folder, f"{digest}.started", marker, sync=False)
+    if fenced_out(folder, token):
+        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+        return False
+    return True
+
+
 def where() -> dict[str, object]:
     """Return the Slurm job, node, host and pid of this process."""
     return {
@@ -81,13 +101,10 @@ def main(argv: list[str]) -> int:
     started = time.time()
     here = where()
     marker = {"key": key, "token": token, "attempt": int(attempt), "started_at": started, **here}
-    # The marker first, then the fence: a newer run that fenced after this check sees
-    # the marker and waits; one that fenced before is refused here, and told so.
-    write_atomically(folder, f"{digest}.started", marker, sync=False)
     if mode == MARKER_ONLY:
+        write_atomically(folder, f"{digest}.started", marker, sync=False)
         os.execvp(program[0], program)  # noqa: S606  # the task's own argv, as Popen below
-    if fenced_out(folder, token):
-        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+    if not claim_start(folder, digest, token, marker):
         sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")
         return FENCED
     child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -179,14 +179,37 @@ class TestThePilotPathUsesTheLedger:
         TaskLedger(tmp_path / "task-results", "newer-run").fence()
         outcome = await dispatcher.executable(_task(tmp_path), f"{KEY}#1", None, dead.ref(KEY, 1))
         assert outcome.status == "failed", outcome
+        assert "a newer run of the campaign took over" in outcome.stderr_tail
         assert not (tmp_path / "started").exists()  # the program never started
-        refused = json.loads(
-            (tmp_path / "task-results" / f"{dead.ref(KEY, 1).digest}.result").read_text()
-        )
-        assert refused["kind"] == "fenced"
-        # The newer run neither harvests it nor counts it lost: it runs it.
+        # Fenced before it started: it wrote nothing (no marker the newer run would wait
+        # for, no result); the newer run neither harvests it nor counts it lost: it runs it.
+        assert sorted(p.name for p in (tmp_path / "task-results").iterdir()) == ["fence"]
         newer = TaskLedger(tmp_path / "task-results", "newer-run")
         assert await newer.settle(KEY, env={}, poll_seconds=0.1) == (None, [])
+
+    @pytest.mark.asyncio
+    async def test_a_dead_runs_task_started_late_leaves_the_newer_runs_record_alone(
+        self, dispatcher: Dispatcher, tmp_path: Path
+    ) -> None:
+        # A pilot's agent holds queued tasks after its client died and may start one
+        # after the continuation ran it: the continuation's marker and result stay.
+        folder = tmp_path / "task-results"
+        dead, newer = TaskLedger(folder, "dead-run"), TaskLedger(folder, "newer-run")
+        newer.fence()
+        dispatcher.ledger = newer
+        ref = newer.ref(KEY, 1)
+        assert (
+            await dispatcher.executable(_task(tmp_path), f"{KEY}#1", None, ref)
+        ).status == "done"
+        (tmp_path / "started").unlink()
+        dispatcher.ledger = dead
+        late = await dispatcher.executable(_task(tmp_path), f"{KEY}#1", None, dead.ref(KEY, 1))
+        assert late.status == "failed", late
+        assert not (tmp_path / "started").exists()
+        assert newer.started_by(ref) is not None
+        kept = newer.result(KEY)
+        assert kept is not None
+        assert (kept["kind"], kept["token"]) == ("exec", "newer-run")
 
     @pytest.mark.asyncio
     async def test_an_interrupted_task_is_credited_to_the_job_it_started_in(
