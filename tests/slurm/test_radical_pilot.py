@@ -238,3 +238,13 @@ def test_the_demo_campaign_completes_on_the_radical_pilot_site(
     assert verifier
     assert all(d["job_ids"] and set(d["job_ids"]) <= jobs for d in verifier)
     assert all(t["host"] == slurm.host for d in verifier for t in d["tasks"])
+    # Every pilot task reported to the task ledger from its pilot job: a simulation's
+    # supervisor left its result (what a continuation would harvest), a verifier task
+    # only its started marker.
+    ledger = tmp_path / "home" / "campaigns" / "radical-demo" / "task-results"
+    markers = {p.stem: json.loads(p.read_text()) for p in ledger.glob("*.started")}
+    results = {p.stem: json.loads(p.read_text()) for p in ledger.glob("*.result")}
+    assert {m["job_id"] for m in markers.values()} <= jobs
+    assert len(results) == 8
+    assert {r["kind"] for r in results.values()} == {"exec"}
+    assert set(results) < set(markers)  # the verifier's tasks: a marker, no result
