@@ -12,14 +12,17 @@ Three paths, chosen per site and task:
   stdin, timeouts; asyncflow's executable path has none of them).
 * everything else (Dask, RADICAL-Pilot, local ``dispatch = "engine"``): through
   the ``WorkflowEngine``, at most ``max_concurrency`` in flight so its run loop
-  stays cheap, with a unique Dask key per attempt.
+  stays cheap, with a unique Dask key per attempt; a RADICAL-Pilot executable
+  as a pilot task (``tasks._dispatch_pilot``).
+
+On the allocation every task reports to the campaign's task ledger (a ``TaskRef``):
+a function from the worker's thread, an executable through the task supervisor.
 
 Every outcome says where it ran: the host and, inside a batch job, the Slurm job id
 (read on the worker, so a Dask-on-Slurm task names the worker's job). When the
 site's allocations are watched (``AllocationWatch``) and all of them have ended,
 an attempt still waiting or running comes back ``interrupted``, not ``failed``.
-On a RADICAL-Pilot site the pilot's job is watched: RADICAL-Pilot fails (or
-cancels) the tasks of a pilot whose job ended, and those are ``interrupted`` too.
+An interrupted attempt is credited to the job and node its started marker names.
 """
 
 from __future__ import annotations
@@ -30,19 +33,18 @@ import inspect
 import os
 import pickle
 import re
-import shlex
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from policies import UnattendedError
 from tasks._asyncflow_internals import forget_finished, task_uid
+from tasks._dispatch_pilot import executable_pilot
 from tasks._executables import (
     ExecOutcome,
     SpawnFailed,
@@ -50,47 +52,23 @@ from tasks._executables import (
     run_executable,
     run_executable_blocking,
 )
-from tasks._results import (
-    BAD_OUTPUT,
-    ExecutableTask,
-    FunctionTask,
-    TaskStatus,
-    bad_output_tail,
-    jsonable,
-    stdout_value,
-    tail,
+from tasks._outcome import (
+    LOST_WORKER,
+    error_text,
+    executable_outcome,
+    function_done,
+    function_failure,
+    timed_out,
 )
+from tasks._outcome import (
+    AttemptOutcome as AttemptOutcome,  # re-exported: the executor's type for an attempt
+)
+from tasks._results import ExecutableTask, FunctionTask, jsonable
 from tasks._task_ledger import TaskLedger, TaskRef
-from tasks._task_supervisor import fenced_out, mark_started, where, write_atomically
+from tasks._task_supervisor import claim_start, mark_started, where, write_atomically
 
 if TYPE_CHECKING:
     from tasks._allocations import AllocationRecord, AllocationWatch
-
-#: Exceptions that mean the worker, not the task, went away: always transient.
-LOST_WORKER = frozenset(
-    {"KilledWorker", "CommClosedError", "BrokenProcessPool", "WorkerLostError", "StreamClosedError"}
-)
-
-#: A pilot task can fail a moment before ``squeue`` shows its job ended: ask this
-#: many times, this many seconds apart, before calling the failure the task's own.
-PILOT_END_CHECKS = 3
-PILOT_END_WAIT = 1.0
-
-
-@dataclass(frozen=True)
-class AttemptOutcome:
-    """What one attempt produced, before it becomes a ``TaskResult``."""
-
-    status: TaskStatus
-    value: Any = None
-    runtime: float = 0.0
-    host: str = ""
-    exit_code: int | None = None
-    stderr_tail: str = ""
-    error_code: str | None = None
-    transient: bool = False
-    reason: str = ""
-    job_id: str | None = None
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -145,11 +123,10 @@ def _call_recorded(
         return _call(fn, args, kwargs)
     folder, digest, token, attempt, key, durable = record
     marker = {"key": key, "token": token, "attempt": attempt, "started_at": time.time(), **where()}
-    mark_started(folder, digest, marker)
     if not durable:  # only where it ran: no later run looks for its result
+        mark_started(folder, digest, marker)
         return _call(fn, args, kwargs)
-    if fenced_out(folder, token):  # after the marker: see tasks/_task_supervisor.py
-        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+    if not claim_start(folder, digest, token, marker):  # see tasks/_task_supervisor.py
         raise TaskFenced(f"task {key} not started: a newer run of the campaign took over")
     started = time.perf_counter()
     try:
@@ -160,7 +137,7 @@ def _call_recorded(
             "type": type(exc).__name__,
             "mro": [f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__],
             "retryable": bool(isinstance(exc, UnattendedError) and exc.retryable),
-            "text": _error_text(exc),
+            "text": error_text(exc),
         }
         result = {**marker, **failure, "runtime": time.perf_counter() - started}
         write_atomically(folder, f"{digest}.result", result, sync=True)
@@ -202,10 +179,8 @@ async def remote_call(
 
 
 def _record(ref: TaskRef | None) -> tuple[str, str, str, int, str, bool] | None:
-    """Return a ledger reference as the plain tuple shipped to the worker."""
-    if ref is None:
-        return None
-    return (ref.folder, ref.digest, ref.token, ref.attempt, ref.key, ref.durable)
+    """Return a ledger reference as the plain tuple shipped to the worker, or None."""
+    return None if ref is None else ref.shipped()
 
 
 def dask_key(key: str) -> str:
@@ -219,109 +194,6 @@ def dask_key(key: str) -> str:
     """
     group = re.sub(r"[^A-Za-z0-9_.]", "_", key.split("/", 1)[0])[:48] or "task"
     return f"{group}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}"
-
-
-def _error_text(exc: BaseException) -> str:
-    return tail("".join(traceback.format_exception(exc)))
-
-
-def _function_failure(
-    exc: BaseException, transient_types: tuple[type[BaseException], ...], runtime: float, host: str
-) -> AttemptOutcome:
-    name = type(exc).__name__
-    transient = (
-        name in LOST_WORKER
-        or (bool(transient_types) and isinstance(exc, transient_types))
-        or (isinstance(exc, UnattendedError) and exc.retryable)
-    )
-    return AttemptOutcome(
-        status="failed",
-        runtime=runtime,
-        host=host,
-        stderr_tail=_error_text(exc),
-        error_code="task_failed",
-        transient=transient,
-        reason=name,
-    )
-
-
-def function_done(value: Any, runtime: float, host: str) -> AttemptOutcome:
-    """Return a ``done`` outcome, or a failure when the value is not JSON."""
-    try:
-        data = jsonable(value)
-    except TypeError as exc:
-        return AttemptOutcome(
-            status="failed",
-            runtime=runtime,
-            host=host,
-            stderr_tail=str(exc),
-            error_code="task_failed",
-            reason="result not JSON",
-        )
-    return AttemptOutcome(status="done", value=data, runtime=runtime, host=host)
-
-
-def timed_out(
-    runtime: float,
-    host: str,
-    time_limit: float | None,
-    exit_code: int | None = None,
-    stderr_tail: str = "",
-) -> AttemptOutcome:
-    """Return the outcome of an attempt that ran past its time limit."""
-    return AttemptOutcome(
-        status="timeout",
-        runtime=runtime,
-        host=host,
-        exit_code=exit_code,
-        stderr_tail=stderr_tail,
-        error_code="deadline_exceeded",
-        reason=f"timeout after {time_limit}s",
-    )
-
-
-def executable_outcome(
-    out: ExecOutcome,
-    task: ExecutableTask,
-    transient_codes: frozenset[int],
-    time_limit: float | None,
-) -> AttemptOutcome:
-    """Turn what an executable produced into an outcome; stdout JSON becomes the value."""
-    if out.timed_out:
-        return timed_out(out.runtime, out.host, time_limit, out.exit_code, out.stderr_tail)
-    if out.exit_code != 0:
-        code = out.exit_code
-        return AttemptOutcome(
-            status="failed",
-            runtime=out.runtime,
-            host=out.host,
-            exit_code=code,
-            stderr_tail=out.stderr_tail,
-            error_code="task_failed",
-            transient=code in transient_codes or code in task.transient_exit_codes,
-            reason=f"exit code {code}",
-        )
-    try:
-        value = jsonable(stdout_value(out.stdout))
-    except ValueError:
-        # Ran to its end, printed no value: a failure of its own (never retried), not `done`.
-        return AttemptOutcome(
-            status="failed",
-            runtime=out.runtime,
-            host=out.host,
-            exit_code=0,
-            stderr_tail=bad_output_tail("stdout is not JSON", out.stdout, out.stderr_tail),
-            error_code=BAD_OUTPUT,
-            reason="stdout not JSON",
-        )
-    return AttemptOutcome(
-        status="done",
-        value=value,
-        runtime=out.runtime,
-        host=out.host,
-        exit_code=0,
-        stderr_tail=out.stderr_tail,
-    )
 
 
 class Dispatcher:
@@ -385,7 +257,7 @@ class Dispatcher:
                 )
             return self._here(executable_outcome(out, task, self.transient_codes, time_limit))
         if self.remote_kind == "radical_pilot":
-            return await self._executable_pilot(task, time_limit)
+            return await executable_pilot(self, task, time_limit, ref)
         payload = cloudpickle.dumps(
             (
                 run_executable_blocking,
@@ -490,9 +362,9 @@ class Dispatcher:
             # The first task to notice builds a new one; the retry runs on it.
             if self.replace_pool is not None and self.pool is pool:
                 self.pool = self.replace_pool()
-            return _function_failure(exc, task.transient, time.perf_counter() - started, self.host)
+            return function_failure(exc, task.transient, time.perf_counter() - started, self.host)
         except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
-            return _function_failure(exc, task.transient, time.perf_counter() - started, self.host)
+            return function_failure(exc, task.transient, time.perf_counter() - started, self.host)
         return function_done(value, time.perf_counter() - started, self.host)
 
     async def _through_engine(
@@ -550,7 +422,7 @@ class Dispatcher:
                 if watch.is_lost:
                     return self.interrupted(watch.lost.result(), time.perf_counter() - started, ref)
             types = task.transient if isinstance(task, FunctionTask) else ()
-            return _function_failure(exc, types, time.perf_counter() - started, self.host)
+            return function_failure(exc, types, time.perf_counter() - started, self.host)
         finally:
             self._forget(future)
         if convert is None:
@@ -559,94 +431,6 @@ class Dispatcher:
             )
         outcome = function_done(convert(value), runtime, host)
         return outcome if job_id is None else replace(outcome, job_id=job_id)
-
-    async def _executable_pilot(
-        self, task: ExecutableTask, time_limit: float | None
-    ) -> AttemptOutcome:
-        """Run an executable as a RADICAL-Pilot task (stdin travels as an argument).
-
-        The task first prints the Slurm job and host it runs on (``tasks._radical``);
-        env and cwd are not supported there.
-        """
-        from tasks._radical import pilot_command, split_where
-
-        started = time.perf_counter()
-        if task.env is not None or task.cwd is not None:
-            return AttemptOutcome(
-                status="failed",
-                host=self.host,
-                error_code="task_failed",
-                stderr_tail="env and cwd are not supported on radical_pilot sites",
-                reason="unsupported on radical_pilot",
-            )
-        command = shlex.join(pilot_command(list(task.argv), task.stdin))
-
-        async def command_line() -> str:
-            return command
-
-        watch = self.allocations
-        lost = watch.lost if watch is not None else None
-        if lost is not None and lost.done():
-            # The pilot's job has ended: wait for the next allocation, do not fail here.
-            return self.interrupted(lost.result(), 0.0)
-        future = self.engine.executable_task(command_line)()
-        try:
-            waiting = {future} if lost is None else {future, lost}
-            done, _ = await asyncio.wait(
-                waiting, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
-            )
-            if future not in done:
-                future.cancel()
-                if lost is not None and lost in done:
-                    return self.interrupted(lost.result(), time.perf_counter() - started)
-                return timed_out(time.perf_counter() - started, self.host, time_limit)
-            stdout = future.result()
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            if await self._pilot_ended():
-                assert watch is not None
-                return self.interrupted(watch.lost.result(), time.perf_counter() - started)
-            return AttemptOutcome(
-                status="cancelled",
-                runtime=time.perf_counter() - started,
-                host=self.host,
-                error_code="task_failed",
-                reason="cancelled by the backend",
-                stderr_tail="cancelled by the execution backend",
-            )
-        except Exception as exc:  # noqa: BLE001  # any error of a task is its failure record
-            if await self._pilot_ended():
-                # RADICAL-Pilot fails the tasks of a pilot whose job ended: an interruption.
-                assert watch is not None
-                return self.interrupted(watch.lost.result(), time.perf_counter() - started)
-            return AttemptOutcome(
-                status="failed",
-                runtime=time.perf_counter() - started,
-                host=self.host,
-                stderr_tail=tail(str(exc)),
-                error_code="task_failed",
-                reason=type(exc).__name__,
-            )
-        job_id, host, output = split_where(str(stdout))
-        where = host or self.host
-        out = ExecOutcome(0, output, "", False, time.perf_counter() - started, where)
-        outcome = executable_outcome(out, task, self.transient_codes, time_limit)
-        return replace(outcome, job_id=job_id) if job_id else outcome
-
-    async def _pilot_ended(self) -> bool:
-        """True when the pilot's job has ended (asked a few times: tasks may fail first)."""
-        watch = self.allocations
-        if watch is None:
-            return False
-        for attempt in range(PILOT_END_CHECKS):
-            if attempt:
-                await asyncio.sleep(PILOT_END_WAIT)
-            await watch.refresh()
-            if watch.is_lost:
-                return True
-        return False
 
     def _forget(self, future: Any) -> None:
         """Drop finished components from the engine, which otherwise keeps them all."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from tasks import _child_watcher
 from tasks._results import STDERR_TAIL_CHARS, ExecutableTask
-from tasks._task_supervisor import mark_started, where
+from tasks._task_supervisor import MARKER_ONLY, mark_started, where
 
 
 def node_name() -> str:
@@ -225,6 +225,19 @@ def refuse_new_executables() -> None:
         _refusing = True
 
 
+def supervised_argv(argv: list[str], record: tuple[str, str, str, int, str, bool]) -> list[str]:
+    """Return ``argv`` run under ``tasks/_task_supervisor.py`` with a ledger ``record``.
+
+    ``record`` is a ``TaskRef`` as shipped (folder, digest, token, attempt, key,
+    durable). A durable task's supervisor checks the fence and records the result;
+    otherwise it writes only the started marker and becomes the program.
+    """
+    folder, digest, token, attempt, key, durable = record
+    mode = "--" if durable else MARKER_ONLY
+    return [sys.executable, "-I", "-S", SUPERVISOR, folder, digest, token, str(attempt), key,
+            mode, *argv]  # fmt: skip
+
+
 def run_executable_blocking(
     argv: list[str],
     stdin: bytes | None,
@@ -246,8 +259,7 @@ def run_executable_blocking(
     if record is not None:
         folder, digest, token, attempt, key, durable = record
         if durable:
-            argv = [sys.executable, "-I", "-S", SUPERVISOR, folder, digest, token,
-                    str(attempt), key, "--", *argv]  # fmt: skip
+            argv = supervised_argv(argv, record)
         else:  # only where it ran, written here: no Python started for it
             marker = {"key": key, "token": token, "attempt": attempt,
                       "started_at": time.time(), **where()}  # fmt: skip

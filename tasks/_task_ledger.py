@@ -56,6 +56,10 @@ class TaskRef:
     #: Whether the result is kept for a continuation (a durable key), or only the marker.
     durable: bool = True
 
+    def shipped(self) -> tuple[str, str, str, int, str, bool]:
+        """Return this reference as the plain tuple shipped to where the task runs."""
+        return (self.folder, self.digest, self.token, self.attempt, self.key, self.durable)
+
 
 def key_digest(key: str) -> str:
     """Return the file name stem of a durable task key."""

@@ -1,21 +1,29 @@
 """Run one executable task on the allocation; leave its result where a continuation reads it.
 
-Started by the worker (``run_executable_blocking`` with a ledger) as
-``python -I -S <this file> FOLDER DIGEST TOKEN ATTEMPT KEY -- ARGV...`` in the task's
-own session, so it outlives the worker: when the campaign's process dies, Dask's
-scheduler dies with it, its workers close once their running tasks return, and a
-task's executable would finish with nobody to hear it (or be killed with its job).
-This program waits for it and writes the result.
+Started as ``python -I -S <this file> FOLDER DIGEST TOKEN ATTEMPT KEY -- ARGV...``
+(``tasks._executables.supervised_argv``): by a Dask worker (``run_executable_blocking``
+with a ledger) in the task's own session, so it outlives the worker, and by a
+RADICAL-Pilot task (``tasks._dispatch_pilot``) under the pilot's agent. When the
+campaign's process dies, Dask's scheduler dies with it, its workers close once their
+running tasks return, and a task's executable would finish with nobody to hear it (or
+be killed with its job); a pilot's agent loses its client. This program waits for the
+executable and writes the result.
 
 1. A line of ``started-<host>.jsonl`` says the task started: its digest, run, attempt,
    Slurm job, node, host, pid (``mark_started``).
 2. ``FOLDER/fence`` names the executor run that may start tasks; another run's
    token there means a newer run of the campaign took over: the program is not
-   started, the result says ``fenced`` (exit ``FENCED``).
+   started (exit ``FENCED``). Read before step 1 too: fenced by then, nothing is
+   written; fenced between the marker and this read, the result says ``fenced``
+   (``claim_start``).
 3. The program runs (stdin passed on); its exit code, stdout and stderr's tail go
    to ``DIGEST.result`` atomically (a temporary name in the same folder, fsync,
    rename), then to this program's own stdout/stderr, and
    this program ends as the program did.
+
+With ``--marker-only`` in place of ``--`` (a task whose result no later run looks
+for) only step 1 is done, and this program then becomes the program (``exec``): the
+marker says where an interrupted task ran.
 
 Standard library only (started with ``-S``): one Python start per task.
 """
@@ -33,6 +41,8 @@ import time
 
 #: Exit status of a task refused because a newer run fenced the folder (EX_TEMPFAIL).
 FENCED = 75
+#: In place of ``--``: write the started marker only, then become the program.
+MARKER_ONLY = "--marker-only"
 STDERR_TAIL = 2048
 
 
@@ -89,6 +99,24 @@ def fenced_out(folder: str, token: str) -> bool:
         return False
 
 
+def claim_start(folder: str, digest: str, token: str, marker: dict[str, object]) -> bool:
+    """Write a task's started marker unless a newer run fenced the folder; True: it may start.
+
+    The fence is read before the marker and again after it. Fenced before: nothing
+    is written, so what the newer run recorded of this task (a pilot's agent may
+    start a queued task of a dead run after the continuation ran it) stays. Fenced
+    between the two reads: a newer run may have seen the marker and wait for it, so
+    the result says ``fenced`` (not run, not lost).
+    """
+    if fenced_out(folder, token):
+        return False
+    mark_started(folder, digest, marker)
+    if fenced_out(folder, token):
+        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+        return False
+    return True
+
+
 def where() -> dict[str, object]:
     """Return the Slurm job, node, host and pid of this process."""
     return {
@@ -101,16 +129,15 @@ def where() -> dict[str, object]:
 
 def main(argv: list[str]) -> int:
     """Run the task named on the command line; return its exit status."""
-    folder, digest, token, attempt, key = argv[:5]
-    program = argv[6:]  # argv[5] is "--"
+    folder, digest, token, attempt, key, mode = argv[:6]  # mode: "--" or MARKER_ONLY
+    program = argv[6:]
     started = time.time()
     here = where()
     marker = {"key": key, "token": token, "attempt": int(attempt), "started_at": started, **here}
-    # The marker first, then the fence: a newer run that fenced after this check sees
-    # the marker and waits; one that fenced before is refused here, and told so.
-    mark_started(folder, digest, marker)
-    if fenced_out(folder, token):
-        write_atomically(folder, f"{digest}.result", {**marker, "kind": "fenced"}, sync=True)
+    if mode == MARKER_ONLY:
+        mark_started(folder, digest, marker)
+        os.execvp(program[0], program)  # noqa: S606  # the task's own argv, as Popen below
+    if not claim_start(folder, digest, token, marker):
         sys.stderr.write("not started: a newer run of the campaign took over its tasks\n")
         return FENCED
     child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -13,6 +13,10 @@ simulation has completed the server and the whole runner tree (or the runner
 tree alone) are SIGKILLed, as a reboot would. ``unattended up`` brings them back;
 the runner continues the campaign to its end. Executions are counted by the
 simulations' own log: each candidate completed exactly once.
+
+The same on the RADICAL-Pilot site (``--long``): the pilot's tasks run under the same
+supervisor (``tasks/_dispatch_pilot.py``), and the login node runs RADICAL-Pilot's
+overlay Python (``radical_python``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,8 +44,10 @@ from test_campaign_on_slurm import (  # type: ignore[import-not-found]
     site_file,
     wait_for,
 )
+from test_radical_pilot import radical_site  # type: ignore[import-not-found]
 
 from flows._prefect._server import load_server_config, running_server
+from tasks._slurm import query_jobs
 from tasks._task_ledger import jobs_with_open_tasks, started_markers
 
 pytestmark = [pytest.mark.integration]
@@ -57,8 +64,10 @@ def _free_port() -> int:
 class LoginNode:
     """A shell on a login node with its own state directory, server port and Slurm."""
 
-    def __init__(self, tmp_path: Path, slurm: SlurmCluster) -> None:
+    def __init__(self, tmp_path: Path, slurm: SlurmCluster, python: Path | None = None) -> None:
         self.tmp_path = tmp_path
+        #: The login node's Python: this one, or RADICAL-Pilot's overlay (``radical_python``).
+        self.python = str(python or sys.executable)
         self.home = tmp_path / "home"
         self.env = {
             k: v
@@ -78,7 +87,7 @@ class LoginNode:
 
     def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "flows._cli", *args],
+            [self.python, "-m", "flows._cli", *args],
             cwd=self.tmp_path,
             env=self.env,
             capture_output=True,
@@ -193,3 +202,81 @@ def test_a_login_node_killed_mid_batch_runs_each_simulation_once(
     tokens = {json.loads(p.read_text())["token"] for p in results}
     assert len(tokens) >= 2, (tokens, fence)
     assert fence in tokens, (tokens, fence)
+
+
+def _settled(ledger: Path, env: dict[str, str]) -> bool:
+    """True when every task the dead run started has its result, or its job has ended."""
+    open_jobs = sorted(jobs_with_open_tasks(ledger))
+    if not open_jobs:
+        return True
+    states = query_jobs(open_jobs, env=env)
+    return all(state is None or state.ended for state in states.values())
+
+
+@pytest.mark.long
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("later", [False, True], ids=["up-at-once", "up-later"])
+def test_a_login_node_killed_mid_batch_runs_each_simulation_once_on_a_pilot(
+    radical_python: Path, slurm: SlurmCluster, tmp_path: Path, later: bool
+) -> None:
+    """The same on the RADICAL-Pilot site: the pilot's tasks report to the ledger too.
+
+    The pilot's agent outlives its client (the flow-run process) for a while: the
+    wave it runs, and the tasks queued in it, finish and leave their results; tasks
+    the agent kills when it gives its client up leave a marker and no result, and
+    the continuation runs them again once, recording the loss. ``up`` at once: the
+    new run fences the folder, so a task of the dead run the agent starts after that
+    refuses to start. ``up`` later: once every task the dead run started has its
+    result or its pilot job has ended.
+    """
+    login = LoginNode(tmp_path, slurm, python=radical_python)
+    name = f"login-death-pilot-{int(later)}"
+    spec, log = campaign(tmp_path, name, rounds=ROUNDS, batch_size=BATCH, seconds=SECONDS)
+    site = radical_site(tmp_path, poll_seconds=1.0)
+    try:
+        up = login.cli("up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        submitted = login.cli("submit", str(spec), "--site", str(site))
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        # Mid-batch: one simulation has completed on the pilot, the others run or wait.
+        wait_for(lambda: log.exists() and log.read_text().strip(), timeout=900)
+        login.kill(server=True)
+        killed_at = time.monotonic()
+        seen_at_kill = log.read_text().splitlines()
+        ledger = database_of(tmp_path, name).parent / "task-results"
+        if later:
+            wait_for(lambda: _settled(ledger, login.env), timeout=900)
+        print(f"up {time.monotonic() - killed_at:.0f} s after the kill")
+        back = login.cli("up")
+        assert back.returncode == 0, back.stdout + back.stderr
+        database = database_of(tmp_path, name)
+        wait_for(lambda: campaign_status(database) == ("completed", None), timeout=1200)
+    finally:
+        login.kill(server=True)
+
+    # Each candidate completed once by its own log, and is recorded with the job it ran in.
+    assert_every_candidate_once(database, log, rounds=ROUNDS, batch_size=BATCH)
+    ran_in = {tuple(line.split()[:2]): line.split()[2] for line in log.read_text().splitlines()}
+    recorded = rows(
+        database,
+        "SELECT b.round_index, t.task_index, t.job_id, t.host, t.retries FROM task_result t "
+        "JOIN batch b ON b.id = t.batch_id WHERE t.status = 'done'",
+    )
+    assert {(str(r), str(i)): job for r, i, job, _, _ in recorded} == ran_in
+    assert all(host == slurm.host for _, _, _, host, _ in recorded)
+    first_job = seen_at_kill[0].split()[2]
+    # Work the dead run's pilot lost (killed with its agent) ran again once, and its
+    # record names the dead run's job; the ledger holds every task's result.
+    lost = [
+        r
+        for *_, text in recorded
+        if text
+        for r in json.loads(text)
+        if r["reason"].startswith("lost:")
+    ]
+    assert all(f"job {first_job} " in r["reason"] for r in lost), lost
+    print(f"lost and run again: {len(lost)}; by the dead run's pilot: {seen_at_kill}")
+    assert len(list(ledger.glob("*.result"))) >= BATCH
+    for path in sorted(ledger.glob("*.result")):  # what each run's pilot task left
+        left = json.loads(path.read_text())
+        print(left["key"], left["token"], left["job_id"], left["kind"], left.get("exit_code"))

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli_w
@@ -27,13 +28,14 @@ from private_slurm import SlurmCluster  # type: ignore[import-not-found]
 
 from flows._prefect._server import ServerHandle, client_env
 from tasks import load_site
+from tasks._task_ledger import started_markers
 
 pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def radical_site(tmp_path: Path) -> Path:
+def radical_site(tmp_path: Path, **scheduler: Any) -> Path:
     """Write site-configs/slurm-radical.toml for the private cluster (2 cores, debug)."""
     data = load_site("slurm-radical", env={}).model_dump(mode="json", exclude_none=True)
     data["scheduler"] = {
@@ -41,6 +43,7 @@ def radical_site(tmp_path: Path) -> Path:
         "partition": "debug",
         "walltime": "00:10:00",
         "prologue": ["export OMP_NUM_THREADS=1"],
+        **scheduler,
     }
     data["backend"].update(cores=2, cores_per_node=2, runtime_minutes=10)
     data["max_concurrency"] = 4
@@ -236,3 +239,13 @@ def test_the_demo_campaign_completes_on_the_radical_pilot_site(
     assert verifier
     assert all(d["job_ids"] and set(d["job_ids"]) <= jobs for d in verifier)
     assert all(t["host"] == slurm.host for d in verifier for t in d["tasks"])
+    # Every pilot task reported to the task ledger from its pilot job: a simulation's
+    # supervisor left its result (what a continuation would harvest), a verifier task
+    # only its started marker.
+    ledger = tmp_path / "home" / "campaigns" / "radical-demo" / "task-results"
+    markers = started_markers(ledger)
+    results = {p.stem: json.loads(p.read_text()) for p in ledger.glob("*.result")}
+    assert {m["job_id"] for m in markers.values()} <= jobs
+    assert len(results) == 8
+    assert {r["kind"] for r in results.values()} == {"exec"}
+    assert set(results) < set(markers)  # the verifier's tasks: a marker, no result
