@@ -8,8 +8,9 @@ Usage::
 One executor (one asyncflow engine) per process. Every task gets a unique key
 (``<prefix>/<index>-<random token>``), at most ``max_concurrency`` tasks are in flight
 (executables also within the open-files limit), transient failures are retried
-a bounded number of times and every retry is recorded on the result. A task
-that fails is a ``TaskResult`` with ``status != "done"``, never an exception.
+a bounded number of times and every retry is recorded on the result (one task's
+run, harvest and retries: ``tasks._task_run``). A task that fails is a
+``TaskResult`` with ``status != "done"``, never an exception.
 
 On a site that starts its own batch jobs (``[backend.jobqueue]``) the executor
 requests the first allocation when it starts and watches it. Once every job of
@@ -39,18 +40,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_result,
-    stop_after_attempt,
-    wait_exponential,
-)
-
 from policies import DeadlineExceeded
 from tasks._allocations import AllocationRecord, AllocationWatch, BudgetUsed
 from tasks._asyncflow_internals import replace_pool
-from tasks._dispatch import AttemptOutcome, Dispatcher
+from tasks._dispatch import Dispatcher
 from tasks._engine import (
     EngineParts,
     SavedSignals,
@@ -62,17 +55,17 @@ from tasks._engine import (
     start_engine,
 )
 from tasks._executables import executable_slots
-from tasks._results import ExecutableTask, FunctionTask, RetryRecord, TaskResult, TaskSpec
+from tasks._results import FunctionTask, TaskResult, TaskSpec
 from tasks._site import SiteConfig
 from tasks._site_backends import LocalBackend
 from tasks._slurm import job_from_env
-from tasks._task_ledger import RESULTS_FOLDER, TaskLedger, TaskRef
+from tasks._task_ledger import RESULTS_FOLDER, TaskLedger
+from tasks._task_run import TaskRuns
 
 OnResult = Callable[[TaskResult], "Awaitable[None] | None"]
 logger = logging.getLogger("unattended.tasks.executor")
 #: Allocations in a row that finish none of a batch's tasks before it stops relaunching.
 STALLED_ALLOCATIONS = 2
-_MAX_BACKOFF = 300.0
 # Key suffixes: random per process, counted per call. One os.urandom per task
 # (uuid4) cost ~90 us on the VMs measured here, more than dispatching the task.
 _PROCESS_TOKEN = secrets.token_hex(6)
@@ -86,29 +79,6 @@ def _new_process_token() -> None:
 
 
 os.register_at_fork(after_in_child=_new_process_token)
-
-
-def _lost_record(number: int, marker: dict[str, Any]) -> RetryRecord:
-    """Return the record of a task a dead run started that ended without a result."""
-    return RetryRecord(
-        attempt=number,
-        error_code="allocation_ended",
-        reason=(
-            f"lost: started in job {marker.get('job_id')} on {marker.get('node')} by a run "
-            "that died; its job ended without a result"
-        ),
-        at=float(marker.get("started_at") or time.time()),
-    )
-
-
-def _retryable(outcome: AttemptOutcome) -> bool:
-    """Return whether a task's attempt failed in a way worth running it again."""
-    return outcome.status != "done" and outcome.transient
-
-
-def _last_result(state: RetryCallState) -> Any:
-    """Return the last attempt's outcome once the retries are used up."""
-    return state.outcome.result()  # type: ignore[union-attr]  # set after every attempt
 
 
 def unique_token() -> str:
@@ -142,12 +112,10 @@ class AllocationExecutor:
         self._parts: EngineParts | None = None
         self._saved: SavedSignals | None = None
         self._dispatch: Dispatcher | None = None
-        self._slots: asyncio.Semaphore | None = None
-        self._exec_slots: asyncio.Semaphore | None = None
+        self._runs: TaskRuns | None = None
         self._exec_limit = 0
         self._transient_codes = frozenset(site.transient_exit_codes)
         self._watch: AllocationWatch | None = None
-        self._ledger: TaskLedger | None = None
 
     @classmethod
     def from_site(
@@ -357,16 +325,22 @@ class AllocationExecutor:
             self._dispatch.replace_pool = self._replace_pool
         self._watch = self._parts.allocations
         self._dispatch.allocations = self._watch
+        ledger = None
         if self._watch is not None:
             # Tasks on the allocation report here; workers of earlier runs start no more.
-            self._ledger = TaskLedger(os.path.join(work_dir, RESULTS_FOLDER), unique_token())
-            self._ledger.fence()
-            self._dispatch.ledger = self._ledger
-        self._slots = asyncio.Semaphore(self.site.max_concurrency)
+            ledger = TaskLedger(os.path.join(work_dir, RESULTS_FOLDER), unique_token())
+            ledger.fence()
+            self._dispatch.ledger = ledger
         # Only local executables hold descriptors of this process.
         limit = executable_slots(self.site.max_concurrency) if local else self.site.max_concurrency
         self._exec_limit = limit
-        self._exec_slots = asyncio.Semaphore(limit)
+        self._runs = TaskRuns(
+            site=self.site,
+            dispatch=self._dispatch,
+            slots=asyncio.Semaphore(self.site.max_concurrency),
+            exec_slots=asyncio.Semaphore(limit),
+            ledger=ledger,
+        )
         return self
 
     async def __aexit__(
@@ -384,6 +358,7 @@ class AllocationExecutor:
                 self._saved.restore(loop)
             self._parts = None
             self._dispatch = None
+            self._runs = None
             self._remove_scratch()
             release_process(self)
 
@@ -404,6 +379,12 @@ class AllocationExecutor:
             old.shutdown(wait=False, cancel_futures=True)
         return pool
 
+    def _entered(self) -> TaskRuns:
+        """Return what runs the tasks, once entered (``tasks._task_run``)."""
+        if self._runs is None:
+            raise RuntimeError("use 'async with AllocationExecutor(...)' before submitting tasks")
+        return self._runs
+
     async def submit(self, task: TaskSpec, *, key: str | None = None) -> TaskResult:
         """Run one task and return its result (index 0).
 
@@ -411,7 +392,7 @@ class AllocationExecutor:
             task: The task.
             key: A readable key prefix; a random suffix makes it unique.
         """
-        return await self._run(task, f"{key or 'task'}/0-{unique_token()}", 0)
+        return await self._entered().run(task, f"{key or 'task'}/0-{unique_token()}", 0)
 
     async def run_batch(
         self,
@@ -440,7 +421,7 @@ class AllocationExecutor:
             # One shared iterator: a bounded set of consumers, not one task per item.
             for index, task in queue:
                 durable_key = f"{key_prefix}/{index}" if durable else None
-                result = await self._run(
+                result = await self._entered().run(
                     task, f"{key_prefix}/{index}-{token}", index, durable_key, one_more
                 )
                 results[index] = result
@@ -481,129 +462,3 @@ class AllocationExecutor:
             await asyncio.gather(*consumers, return_exceptions=True)
             raise
         return [result for result in results if result is not None]
-
-    async def _run(
-        self,
-        task: TaskSpec,
-        key: str,
-        index: int,
-        durable: str | None = None,
-        on_backoff: Callable[[], None] | None = None,
-    ) -> TaskResult:
-        """Run a task to its final result; with a ``durable`` key, harvest an earlier run's first.
-
-        A durable key (``<batch prefix>/<index>``) names the same task in every run of
-        the campaign: its result recorded in the task ledger by a run that died is
-        taken as it is (recorded once, with its own job and node), one still running
-        in a live job is waited for, and one lost (its job ended without a result) is
-        run again, the loss kept in ``retries``. While a failed attempt waits for its
-        retry the task holds no slot, and ``on_backoff`` is called (the batch starts
-        another consumer, so the next task runs meanwhile).
-        """
-        if self._dispatch is None or self._slots is None or self._exec_slots is None:
-            raise RuntimeError("use 'async with AllocationExecutor(...)' before submitting tasks")
-        timeout = task.timeout if task.timeout is not None else self.site.task_timeout
-        retries = task.retries if task.retries is not None else self.site.retries
-        records: list[RetryRecord] = []
-        attempt = 1
-        ledger = self._ledger
-        slots = self._slots
-        await slots.acquire()
-        held = True
-        try:
-            outcome: AttemptOutcome | None = None
-            if ledger is not None and durable is not None:
-                found, lost = await ledger.settle(
-                    durable, env=os.environ, poll_seconds=self.site.scheduler.poll_seconds
-                )
-                records += [_lost_record(n, marker) for n, marker in enumerate(lost, 1)]
-                if found is not None:
-                    outcome = self._dispatch.harvested(found, task, timeout)
-                    attempt = int(found.get("attempt") or 1)
-                    if outcome.transient and outcome.status != "done" and attempt <= retries:
-                        outcome, attempt = None, attempt + 1  # retried from where it was
-            if outcome is None:
-
-                async def run_once() -> AttemptOutcome:
-                    nonlocal held
-                    if not held:  # given back while this retry waited
-                        await slots.acquire()
-                        held = True
-                    ref = None
-                    if ledger is not None:
-                        ref = ledger.ref(durable or key, attempt, durable=durable is not None)
-                    return await self._attempt(task, f"{key}#{attempt}", timeout, ref)
-
-                def wait_without_slot(state: RetryCallState) -> None:
-                    nonlocal attempt, held
-                    failed: AttemptOutcome = state.outcome.result()  # type: ignore[union-attr]
-                    records.append(
-                        RetryRecord(
-                            attempt=attempt,
-                            error_code=failed.error_code or "task_failed",
-                            reason=failed.reason,
-                            at=time.time(),
-                        )
-                    )
-                    attempt += 1
-                    if state.upcoming_sleep > 0:
-                        # A task waiting to be retried runs nothing: its slot goes to the
-                        # batch's next task meanwhile, and is taken again for the retry.
-                        slots.release()
-                        held = False
-                        if on_backoff is not None:
-                            on_backoff()
-
-                outcome = await run_once()
-                if _retryable(outcome) and attempt <= retries:
-                    first = [outcome]
-
-                    async def first_then_again() -> AttemptOutcome:
-                        # tenacity is given the run made above as its first: a call through
-                        # it costs ~0.1 ms, which every task of a batch would pay.
-                        return first.pop() if first else await run_once()
-
-                    # Budget: runs up to attempt `retries + 1` (the task's or the site's), on a
-                    # transient failure only, waiting retry_backoff * 2^(attempt-1) s, <= 300 s.
-                    retried: AttemptOutcome = await AsyncRetrying(
-                        retry=retry_if_result(_retryable),
-                        stop=stop_after_attempt(retries + 2 - attempt),
-                        wait=wait_exponential(
-                            multiplier=self.site.retry_backoff * 2 ** (attempt - 1),
-                            max=_MAX_BACKOFF,
-                        ),
-                        before_sleep=wait_without_slot,
-                        retry_error_callback=_last_result,
-                    )(first_then_again)
-                    outcome = retried
-        finally:
-            if held:
-                slots.release()
-        # Every field comes from this module's own typed code (values already made
-        # JSON by `jsonable`): validating again cost ~15 us a task at 10k tasks.
-        return TaskResult.model_construct(
-            index=index,
-            key=key,
-            status=outcome.status,
-            value=outcome.value,
-            runtime=max(outcome.runtime, 0.0),
-            host=outcome.host,
-            job_id=outcome.job_id,
-            exit_code=outcome.exit_code,
-            stderr_tail=outcome.stderr_tail,
-            attempts=max(attempt, len(records) + 1),
-            error_code=outcome.error_code,
-            retries=tuple(records),
-        )
-
-    async def _attempt(
-        self, task: TaskSpec, key: str, time_limit: float | None, ref: TaskRef | None
-    ) -> AttemptOutcome:
-        assert self._dispatch is not None
-        assert self._exec_slots is not None
-        if isinstance(task, ExecutableTask):
-            async with self._exec_slots:
-                return await self._dispatch.executable(task, key, time_limit, ref)
-        if isinstance(task, FunctionTask):
-            return await self._dispatch.function(task, key, time_limit, ref)
-        raise TypeError(f"not a task: {type(task).__name__}")

@@ -34,7 +34,6 @@ _REASON = re.compile(rf"^{re.escape(MARKER)}\s+\S+\s+\S+\s+\S+", re.MULTILINE)
 BEING_SPLIT = frozenset(
     {
         "flows/_prefect/_service.py",
-        "tasks/_executor.py",
     }
 )
 
