@@ -266,8 +266,9 @@ async def state_times(flow_run_id: Any, after: float) -> dict[str, float]:
 
 async def flow_seconds(spec: Path, home: Path, log: Path) -> dict[str, Any]:
     """Submit the campaign, wait for COMPLETED; return its timings from the records."""
+    from flows._prefect._deployment import submit_campaign
     from flows._prefect._nudge import nudge_runner
-    from flows._prefect._service import read_run, submit_campaign
+    from flows._prefect._service import read_run
 
     submitted_at = time.time()
     submitted = await submit_campaign(spec, state_dir=home)

@@ -95,8 +95,9 @@ def progress(home: Path, name: str) -> tuple[int, int]:
 
 async def run_campaign(spec: Path, home: Path, log: Path, rounds: int) -> list[tuple[int, int]]:
     """Submit the campaign and wait for COMPLETED; return (rounds done, bytes) samples."""
+    from flows._prefect._deployment import submit_campaign
     from flows._prefect._nudge import nudge_runner
-    from flows._prefect._service import read_run, submit_campaign
+    from flows._prefect._service import read_run
 
     submitted = await submit_campaign(spec, state_dir=home)
     nudge_runner(RUNNER_PID[0])

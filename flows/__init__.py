@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from flows._engine._round import CampaignEngine, CampaignResult, Hooks
     from flows._prefect._approval_form import Approval, approval_form
     from flows._prefect._campaign import campaign_flow, run_campaign
+    from flows._prefect._deployment import submit_campaign
     from flows._prefect._server import (
         ServerConfig,
         ServerHandle,
@@ -23,12 +24,7 @@ if TYPE_CHECKING:
         start_server,
         stop_server,
     )
-    from flows._prefect._service import (
-        CampaignService,
-        approve_run,
-        expire_approvals,
-        submit_campaign,
-    )
+    from flows._prefect._service import CampaignService, approve_run, expire_approvals
     from flows._prefect._submissions import Submitted
     from flows._provenance import (
         ApprovalEventRecord,
@@ -48,6 +44,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
         "_engine._round": ["CampaignEngine", "CampaignResult", "Hooks"],
         "_prefect._approval_form": ["Approval", "approval_form"],
         "_prefect._campaign": ["campaign_flow", "run_campaign"],
+        "_prefect._deployment": ["submit_campaign"],
         "_prefect._server": [
             "ServerConfig",
             "ServerHandle",
@@ -55,12 +52,7 @@ __getattr__, __dir__, _ = lazy_loader.attach(
             "start_server",
             "stop_server",
         ],
-        "_prefect._service": [
-            "CampaignService",
-            "approve_run",
-            "expire_approvals",
-            "submit_campaign",
-        ],
+        "_prefect._service": ["CampaignService", "approve_run", "expire_approvals"],
         "_prefect._submissions": ["Submitted"],
         "_provenance": [
             "ApprovalEventRecord",

@@ -65,7 +65,7 @@ def submit_now(
         )
         if submitted is not None:
             return submitted
-    from flows._prefect._service import submit_campaign
+    from flows._prefect._deployment import submit_campaign
 
     submitted = asyncio.run(submit_campaign(spec, site=site, accept_changes=accept_changes))
     nudge()

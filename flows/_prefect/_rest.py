@@ -47,7 +47,7 @@ from flows._prefect._server import ServerError
 from flows._prefect._tls import client_context
 from policies import NotFound, UnattendedError
 
-# Tags every campaign run carries (``flows._prefect._service`` sets them).
+# Tags every campaign run carries (``flows._prefect._deployment`` sets them).
 CAMPAIGN_TAG: Final = "unattended"
 _TIMEOUT_SECONDS: Final = 30.0
 # The run turns Suspended a moment before its form's schema is stored; an answer in

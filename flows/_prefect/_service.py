@@ -1,7 +1,7 @@
-"""The login node's side of a campaign: submit, serve, approve, expire approvals.
+"""The login node's side of a campaign: serve, approve, expire approvals.
 
-``submit_campaign`` validates the spec and site, registers (or updates) the
-campaign's deployment and starts a flow run. ``CampaignService`` is what
+A campaign is submitted by ``flows._prefect._deployment.submit_campaign``, which
+registers its deployment and starts a flow run. ``CampaignService`` is what
 ``unattended serve`` runs: a Prefect ``Runner`` that serves every campaign
 deployment (it picks up deployments submitted after it started), plus a watchdog
 that answers approval requests whose deadline passed, so the campaign follows its
@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,14 +29,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterState,
     FlowRunFilterStateType,
 )
-from prefect.client.schemas.objects import (
-    ConcurrencyLimitConfig,
-    ConcurrencyLimitStrategy,
-    FlowRun,
-    StateType,
-)
-from prefect.context import AsyncClientContext
-from prefect.deployments import run_deployment
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.runner import Runner
 from prefect.types.entrypoint import EntrypointType
 from tenacity import (
@@ -51,20 +43,12 @@ from tenacity import (
 )
 
 from flows._engine._approval import SYSTEM_TIMEOUT_APPROVER
-from flows._engine._direct import code_version, open_store
 from flows._engine._fencing import RecoverySettings
-from flows._engine._inputs import open_campaign
-from flows._engine._registration import (
-    Registration,
-    deployment_name,
-    read_registration,
-    registered_parameters,
-    registrations,
-    write_registration,
-)
-from flows._paths import HOME_VARIABLE, campaign_dir, private_dir, runner_dir, state_dir_from
+from flows._engine._registration import registered_parameters, registrations
+from flows._paths import HOME_VARIABLE, runner_dir, state_dir_from
 from flows._prefect import _rest as rest
 from flows._prefect._campaign import campaign_flow
+from flows._prefect._deployment import ONE_RUN_AT_A_TIME, TAG, campaign_tag, submit_campaign
 from flows._prefect._pending import PendingApproval, describe_pending
 from flows._prefect._recovery import Watchdog
 from flows._prefect._runner import (
@@ -77,139 +61,14 @@ from flows._prefect._runner import (
     until_released,
     wake_on_events,
 )
-from flows._prefect._submissions import Submitted, take_submissions, validate_submission
+from flows._prefect._submissions import take_submissions
 from policies import NotFound, UnattendedError
-from tasks import load_site
-
-TAG = "unattended"
-ACTIVE_STATES = [
-    StateType.SCHEDULED,
-    StateType.PENDING,
-    StateType.RUNNING,
-    StateType.PAUSED,
-    StateType.CANCELLING,
-]
 
 _log = logging.getLogger(__name__)
 # How often a starting runner is looked at until Prefect says it started.
 _STARTED_POLL_SECONDS = 0.05
 # Longest pause between two looks for a server that went away.
 _SERVER_WAIT_MAX_SECONDS = 2.0
-# Prefect's own half of "one live run per campaign": a second run of the deployment
-# waits for the first to leave Running. It does not stop a run created by hand
-# against a copied spec, nor a run while the first is suspended: the lease and the
-# pinned inputs in the provenance do.
-ONE_RUN_AT_A_TIME = ConcurrencyLimitConfig(
-    limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
-)
-
-
-def campaign_tag(name: str) -> str:
-    """Return the tag that marks a campaign's deployment and runs."""
-    return f"campaign:{name}"
-
-
-async def active_run(deployment_id: UUID) -> FlowRun | None:
-    """Return the deployment's run that is scheduled, running or suspended, if any."""
-    async with get_client() as client:
-        runs = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=ACTIVE_STATES)),
-                deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]),
-            ),
-            limit=1,
-        )
-    return runs[0] if runs else None
-
-
-async def submit_campaign(
-    spec_path: str | Path,
-    *,
-    site: str | None = None,
-    state_dir: str | Path | None = None,
-    env: Mapping[str, str] | None = None,
-    accept_changes: bool = False,
-) -> Submitted:
-    """Validate, pin the inputs, register the campaign's deployment and start a run.
-
-    A campaign that already has an active run is not started twice: that run is
-    returned with ``already_active``. Inputs that differ from the pinned ones are
-    refused (``SpecChanged``) unless ``accept_changes`` records a new revision.
-    """
-    environment = os.environ if env is None else env
-    clock = _Steps()
-    loaded, site_name = validate_submission(spec_path, site, environment)
-    home = state_dir_from(state_dir, environment)
-    name = loaded.spec.name
-    store = open_store(load_site(site_name, env=environment), loaded, home)
-    try:
-        open_campaign(
-            store,
-            loaded,
-            load_site(site_name, env=environment),
-            code_version=code_version(),
-            accept_changes=accept_changes,
-            extend=True,  # a submission may raise rounds and budget: a recorded revision
-        )
-    finally:
-        store.close()
-    clock.mark("spec and provenance")
-    # One API client for the whole submission: every Prefect helper below would open its
-    # own (each builds a TLS context, ~30 ms at rest and 0.2 s at load 15 on 2 cores).
-    async with AsyncClientContext.get_or_create():
-        registered = read_registration(home, name)
-        if registered is not None:
-            existing = await active_run(UUID(registered.deployment_id))
-            if existing is not None:
-                return Submitted(
-                    name, existing.id, UUID(registered.deployment_id), already_active=True
-                )
-            clock.mark("active run")
-        parameters = {"spec_path": str(loaded.path), "site": site_name, "state_dir": str(home)}
-        deployment = await campaign_flow.ato_deployment(
-            # (state directory, name) is the campaign: another user's "demo" is another
-            # deployment, never this one updated.
-            name=deployment_name(name, home),
-            parameters=parameters,
-            tags=[TAG, campaign_tag(name)],
-            description=f"unattended campaign {name} ({loaded.path}; state directory {home})",
-            entrypoint_type=EntrypointType.MODULE_PATH,
-            concurrency_limit=ONE_RUN_AT_A_TIME,
-            enforce_parameter_schema=True,
-        )
-        # Both are sync/async dispatchers; inside a coroutine they return awaitables.
-        deployment_id: UUID = await deployment.apply()  # type: ignore[misc]
-        clock.mark("deployment")
-        # The registration is the authority the runner and the flow read: written before
-        # the run exists, so the run is never judged against a missing record.
-        write_registration(
-            home,
-            Registration(
-                campaign=name,
-                deployment_id=str(deployment_id),
-                deployment_name=deployment_name(name, home),
-                **parameters,
-            ),
-        )
-        flow_run: FlowRun = await run_deployment(  # type: ignore[misc]
-            deployment_id, timeout=0, parameters=parameters, tags=[TAG, campaign_tag(name)]
-        )
-        clock.mark("run")
-    private_dir(campaign_dir(home, name))
-    return Submitted(name, flow_run.id, deployment_id, already_active=False, steps=clock.steps)
-
-
-class _Steps:
-    """Seconds between marks, by the name of the step each mark ends."""
-
-    def __init__(self) -> None:
-        self.steps: dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def mark(self, step: str) -> None:
-        now = time.monotonic()
-        self.steps[step] = now - self._last
-        self._last = now
 
 
 class CampaignService:

@@ -19,9 +19,10 @@ import pytest
 
 from flows._engine._proof import ApproverCodes
 from flows._paths import approvers_dir
+from flows._prefect._deployment import submit_campaign
 from flows._prefect._identity_logins import ApproverLogins, logins_path
 from flows._prefect._server import ServerHandle, flow_run_ui_url
-from flows._prefect._service import CampaignService, read_run, submit_campaign
+from flows._prefect._service import CampaignService, read_run
 from flows._provenance import ProvenanceStore
 
 pytestmark = [

@@ -99,7 +99,8 @@ def suspend_demo(prefect_server: Any) -> Any:
     import shutil
     from pathlib import Path
 
-    from flows._prefect._service import CampaignService, read_run, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService, read_run
 
     examples = Path(__file__).resolve().parents[2] / "examples" / "demo"
 

@@ -85,7 +85,8 @@ def _suspend(
     require_proof: bool = False,
     webhook_url: str | None = None,
 ) -> Waiting:
-    from flows._prefect._service import CampaignService, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService
 
     for item in EXAMPLES.iterdir():
         shutil.copy(item, tmp_path / item.name)

@@ -22,8 +22,9 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 
 from flows._prefect._artifact_views import ROUND_COLUMNS, artifact_key
+from flows._prefect._deployment import submit_campaign
 from flows._prefect._events import campaign_resource
-from flows._prefect._service import CampaignService, approve_run, read_run, submit_campaign
+from flows._prefect._service import CampaignService, approve_run, read_run
 from flows._provenance import ProvenanceStore
 
 pytestmark = [pytest.mark.timeout(300)]

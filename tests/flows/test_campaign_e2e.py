@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flows._prefect._service import CampaignService, approve_run, read_run, submit_campaign
+from flows._prefect._deployment import submit_campaign
+from flows._prefect._service import CampaignService, approve_run, read_run
 from flows._provenance import ProvenanceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]

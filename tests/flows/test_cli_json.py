@@ -52,7 +52,8 @@ class Waiting:
 
 @pytest.fixture(scope="module")
 def waiting(prefect_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Waiting:
-    from flows._prefect._service import CampaignService, read_run, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService, read_run
 
     folder = tmp_path_factory.mktemp("cli-json")
     for item in EXAMPLES.iterdir():

@@ -78,7 +78,7 @@ class Campaign:
 
     def submit(self) -> str:
         """Submit the campaign in this process (the commands under test run as subprocesses)."""
-        from flows._prefect._service import submit_campaign
+        from flows._prefect._deployment import submit_campaign
 
         return str(asyncio.run(submit_campaign(self.spec, state_dir=self.home)).flow_run_id)
 

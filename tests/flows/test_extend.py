@@ -151,7 +151,8 @@ def test_extending_a_finished_campaign_by_two_rounds_runs_exactly_two_more(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from flows._prefect._service import CampaignService, read_run, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService, read_run
 
     home = tmp_path / "home"
     monkeypatch.setenv("UNATTENDED_HOME", str(home))

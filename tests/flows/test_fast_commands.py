@@ -70,7 +70,8 @@ def heavy(modules: set[str], roots: tuple[str, ...]) -> list[str]:
 @pytest.fixture(scope="module")
 def suspended(prefect_server, tmp_path_factory: pytest.TempPathFactory) -> Campaign:
     """Run the demo approval campaign until it suspends (on round 0, to be quick)."""
-    from flows._prefect._service import CampaignService, read_run, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService, read_run
 
     folder = tmp_path_factory.mktemp("fast-commands")
     for item in EXAMPLES.iterdir():
@@ -207,7 +208,7 @@ def running(prefect_server, tmp_path: Path) -> Iterator[tuple[Campaign, object]]
     """
     from flows._paths import campaign_dir
     from flows._prefect import _rest as rest
-    from flows._prefect._service import submit_campaign
+    from flows._prefect._deployment import submit_campaign
     from flows._provenance import ProvenanceStore
 
     for item in EXAMPLES.iterdir():

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from flows._prefect._service import CampaignService, read_run, submit_campaign
+from flows._prefect._deployment import submit_campaign
+from flows._prefect._service import CampaignService, read_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

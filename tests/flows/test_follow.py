@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from flows._cli._submit import follow
-from flows._prefect._service import CampaignService, submit_campaign
+from flows._prefect._deployment import submit_campaign
+from flows._prefect._service import CampaignService
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]
 

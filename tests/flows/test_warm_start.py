@@ -60,7 +60,8 @@ class TestWarmStart:
     ):
         from prefect.runner import _starter_direct
 
-        from flows._prefect._service import CampaignService, submit_campaign
+        from flows._prefect._deployment import submit_campaign
+        from flows._prefect._service import CampaignService
         from flows._prefect._warm_start import run_flow_in_forkserver
 
         spec = one_round_demo(tmp_path, "warm-logs")
@@ -78,8 +79,9 @@ class TestNudge:
         self, prefect_server, tmp_path
     ):
         """With hour-long polls and watches, only the nudge can start the run."""
+        from flows._prefect._deployment import submit_campaign
         from flows._prefect._nudge import NUDGE_SIGNAL
-        from flows._prefect._service import CampaignService, submit_campaign
+        from flows._prefect._service import CampaignService
 
         service = CampaignService(
             query_seconds=3600, watch_seconds=3600, state_dir=tmp_path / "home"

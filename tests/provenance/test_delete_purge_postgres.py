@@ -60,7 +60,8 @@ def campaign_rows(url: str) -> dict[str, int]:
 def test_delete_purge_removes_the_campaign_from_a_shared_postgresql_provenance(
     prefect_server: Any, tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows._prefect._service import CampaignService, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService
 
     name = f"pgdel-{uuid.uuid4().hex[:8]}"
     folder = tmp_path / name

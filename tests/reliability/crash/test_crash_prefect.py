@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from flows._prefect._service import CampaignService, approve_run, read_run, submit_campaign
+from flows._prefect._deployment import submit_campaign
+from flows._prefect._service import CampaignService, approve_run, read_run
 
 pytestmark = [
     pytest.mark.integration,

@@ -355,7 +355,7 @@ def _count(server: ServerHandle, what: str) -> int:
 class TestBadSubmission:
     def test_the_unbroken_workspace_validates(self, workspace: Path) -> None:
         """The corpus breaks one thing at a time in files that are otherwise valid."""
-        from flows._prefect._service import validate_submission
+        from flows._prefect._submissions import validate_submission
 
         loaded, _ = validate_submission(
             workspace / "campaign.toml", str(workspace / "site.toml"), {}

@@ -76,7 +76,8 @@ def suspended(
     """Submit the approval demo and drive it until it waits for round 2's approval."""
     import os
 
-    from flows._prefect._service import CampaignService, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService
 
     folder = tmp_path_factory.mktemp("approver")
     spec = demo_copy(folder, "campaign-approval.toml", NAME, rounds="3")

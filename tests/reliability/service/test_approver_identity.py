@@ -84,7 +84,8 @@ def waiting(
     prefect_server: ServerHandle, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Waiting]:
     """Submit the approval demo, drive it to round 2's request, give alice, bob, carol logins."""
-    from flows._prefect._service import CampaignService, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService
 
     folder = tmp_path_factory.mktemp("identity")
     spec = demo_copy(folder, "campaign-approval.toml", NAME, rounds="3")

@@ -66,7 +66,8 @@ def specs(folder: Path, prefix: str, count: int, rounds: int, batch: int) -> lis
 
 async def run_all(paths: list[Path], site: Path, home: Path) -> list[Any]:
     """Submit every campaign at once, then drive one runner until all have exited."""
-    from flows._prefect._service import CampaignService, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService
 
     submitted = await asyncio.gather(
         *(submit_campaign(p, site=str(site), state_dir=home) for p in paths)

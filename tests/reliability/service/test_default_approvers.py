@@ -29,7 +29,8 @@ def test_the_campaign_s_approvers_answer_a_rule_that_names_none(
     prefect_server: ServerHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows._check import check_campaign
-    from flows._prefect._service import CampaignService, approve_run, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService, approve_run
 
     spec = demo_copy(
         tmp_path / "spec",

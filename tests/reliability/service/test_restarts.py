@@ -174,7 +174,7 @@ def _spec(stack: Stack, demo: str, name: str, rounds: int, sleep: float) -> Path
 
 
 def _submit(spec: Path, home: Path) -> Any:
-    from flows._prefect._service import submit_campaign
+    from flows._prefect._deployment import submit_campaign
 
     return asyncio.run(submit_campaign(spec, state_dir=home))
 

@@ -87,7 +87,8 @@ def owner(
     prefect_server: ServerHandle, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Owner]:
     """Submit the approval demo as the owner and drive it until it waits for round 2."""
-    from flows._prefect._service import CampaignService, submit_campaign
+    from flows._prefect._deployment import submit_campaign
+    from flows._prefect._service import CampaignService
 
     folder = tmp_path_factory.mktemp("authority")
     spec = demo_copy(folder / "owner", "campaign-approval.toml", NAME, rounds="3")

@@ -166,7 +166,7 @@ def finished(
     """Run the canary campaign under a real runner process; return what to search."""
     import asyncio
 
-    from flows._prefect._service import submit_campaign
+    from flows._prefect._deployment import submit_campaign
 
     folder = tmp_path_factory.mktemp("canary")
     home = folder / "home"
