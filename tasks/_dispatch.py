@@ -278,6 +278,32 @@ class Dispatcher:
         """Stamp a local outcome with the batch job this process runs in, if any."""
         return outcome if self.job_id is None else replace(outcome, job_id=self.job_id)
 
+    async def race(
+        self,
+        future: Any,
+        lost: asyncio.Future[Any] | None,
+        time_limit: float | None,
+        started: float,
+        ref: TaskRef | None,
+    ) -> AttemptOutcome | None:
+        """Wait for a backend task against its allocation's end and ``time_limit``.
+
+        Returns None when the task finished (read ``future.result()``); otherwise the
+        task is cancelled in the backend and the outcome says why (interrupted, timed
+        out). Not ``wait_for``: asyncflow's cancel only *requests* a backend cancel, and
+        ``wait_for`` would wait for the backend to confirm it.
+        """
+        waiting = {future} if lost is None else {future, lost}
+        done, _ = await asyncio.wait(
+            waiting, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
+        )
+        if future in done:
+            return None
+        future.cancel()
+        if lost is not None and lost in done:
+            return self.interrupted(lost.result(), time.perf_counter() - started, ref)
+        return timed_out(time.perf_counter() - started, self.host, time_limit)
+
     def interrupted(
         self, record: AllocationRecord | None, runtime: float, ref: TaskRef | None = None
     ) -> AttemptOutcome:
@@ -388,18 +414,10 @@ class Dispatcher:
         # Dask keys the task by this; every attempt of every task is unique.
         future = self._remote(payload, offload, record, task_description={"key": dask_key(key)})
         try:
-            # Not wait_for: asyncflow's cancel only *requests* a backend cancel, and
-            # wait_for would wait for the backend to confirm it.
-            waiting = {future} if lost is None else {future, lost}
-            done, _ = await asyncio.wait(
-                waiting, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
-            )
-            if future not in done:
-                # Cancelled in Dask too, so it cannot run in the next allocation.
-                future.cancel()
-                if lost is not None and lost in done:
-                    return self.interrupted(lost.result(), time.perf_counter() - started, ref)
-                return timed_out(time.perf_counter() - started, self.host, time_limit)
+            # Cancelled in Dask too when it loses, so it cannot run in the next allocation.
+            beaten = await self.race(future, lost, time_limit, started, ref)
+            if beaten is not None:
+                return beaten
             host, job_id, runtime, value = future.result()
         except asyncio.CancelledError:
             if not future.done():

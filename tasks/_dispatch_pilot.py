@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tasks._executables import ExecOutcome, supervised_argv
-from tasks._outcome import AttemptOutcome, executable_outcome, timed_out
+from tasks._outcome import AttemptOutcome, executable_outcome
 from tasks._results import ExecutableTask, tail
 from tasks._task_ledger import TaskRef
 
@@ -79,15 +79,9 @@ async def executable_pilot(
         return dispatcher.interrupted(lost.result(), 0.0, ref)
     future = dispatcher.engine.executable_task(command_line)()
     try:
-        waiting = {future} if lost is None else {future, lost}
-        done, _ = await asyncio.wait(
-            waiting, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
-        )
-        if future not in done:
-            future.cancel()
-            if lost is not None and lost in done:
-                return dispatcher.interrupted(lost.result(), time.perf_counter() - started, ref)
-            return timed_out(time.perf_counter() - started, dispatcher.host, time_limit)
+        beaten = await dispatcher.race(future, lost, time_limit, started, ref)
+        if beaten is not None:
+            return beaten
         stdout = future.result()
     except asyncio.CancelledError:
         current = asyncio.current_task()
