@@ -19,9 +19,12 @@ Measured here (2 cores shared with other work, load 4-5, Slurm 22.05, one 1-core
 per-task 6.1 ms vs 4.4 ms raw = 1.40x at max_concurrency 16 (slurm-local's), 8.6 vs
 5.6 ms = 1.53x at 256; sbatch -> first task 2.1-3.2 s (the worker's start); an
 allocation's end -> noticed 0.8-1.4 s (squeue every 2 s) -> next first task 4.3-4.5 s.
-With the task ledger (issue 43), --overhead-only, load 12-15: 1.19x median after against
-1.27x before (runs of one code spread +-25 % at that load); a simulation batch's durable
-tasks 11.7 ms vs raw 7.7 ms (see docs/benchmarks.md).
+With the task ledger (issue 43), --overhead-only on a quiet box (load 0.1-1.0), the
+before side run as ``PYTHONPATH=<git archive of 690c82a> python benchmarks/slurm.py``,
+alternated: executor/raw 1.00, 1.09, 1.02 before against 1.04, 0.97, 0.98 after (medians
+1.02x and 0.98x: no growth) once started markers were journal lines (0bb8be8; with a file
+per marker it was 1.16-1.23x); a simulation batch's durable tasks, whose result is
+fsync'd, 1.44-1.65x raw (4.7-5.6 ms a task: ~1.5 ms paid once per simulation).
 """
 
 from __future__ import annotations
