@@ -32,17 +32,15 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from slurm import _private_slurm  # benchmarks/slurm.py: the private cluster's helper
+from slurm import _private_slurm, slurm_scratch  # benchmarks/slurm.py: the private cluster
 
 TASK_SECONDS = 8.0  # an in-flight task's length (--task-seconds): killed a quarter in
 POLL = 0.1
@@ -112,7 +110,7 @@ async def _child_batch(work: str, seconds: float) -> None:
 
 def kill_in_process_scheduler(work: Path, seconds: float) -> dict[str, Any]:
     """SIGKILL the process holding the scheduler while both tasks run; watch what follows."""
-    from tasks._task_ledger import RESULTS_FOLDER, key_digest
+    from tasks._task_ledger import RESULTS_FOLDER, key_digest, started_markers
 
     work.mkdir(parents=True)
     ledger = work / RESULTS_FOLDER
@@ -124,14 +122,13 @@ def kill_in_process_scheduler(work: Path, seconds: float) -> dict[str, Any]:
     digests = {"function": key_digest("placement/0/0"), "executable": key_digest("placement/0/1")}
     try:
         markers = _wait(
-            lambda: all((ledger / f"{d}.started").exists() for d in digests.values()),
+            lambda: set(digests.values()) <= set(started_markers(ledger)),
             240,
             "both tasks to start on the worker job",
         )
         assert markers
-        started = {
-            name: json.loads((ledger / f"{d}.started").read_text()) for name, d in digests.items()
-        }
+        found = started_markers(ledger)
+        started = {name: found[d] for name, d in digests.items()}
         time.sleep(seconds / 4)  # both well under way
         child.send_signal(signal.SIGKILL)
         killed_at = time.time()
@@ -145,7 +142,7 @@ def kill_in_process_scheduler(work: Path, seconds: float) -> dict[str, Any]:
         name: marker["started_at"] + seconds - killed_at for name, marker in started.items()
     }
     watched["jobs"] = jobs
-    watched["queued_started"] = (ledger / f"{key_digest('placement/0/2')}.started").exists()
+    watched["queued_started"] = key_digest("placement/0/2") in started_markers(ledger)
     return watched
 
 
@@ -266,7 +263,7 @@ async def _child_client(address: str, record: list[Any], seconds: float) -> None
 
 def kill_client_of_scheduler_job(work: Path, seconds: float) -> dict[str, Any]:
     """SIGKILL the client process while its function task runs; the scheduler is in a job."""
-    from tasks._task_ledger import RESULTS_FOLDER, TaskLedger
+    from tasks._task_ledger import RESULTS_FOLDER, TaskLedger, started_markers
 
     scheduler, worker, file = submit_scheduler_job(work)
     ledger = TaskLedger(work / RESULTS_FOLDER, "placement-token")
@@ -282,9 +279,12 @@ def kill_client_of_scheduler_job(work: Path, seconds: float) -> dict[str, Any]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            marker = ledger.folder / f"{ref.digest}.started"
-            _wait(marker.exists, 240, "the function task to start on the worker job")
-            started = json.loads(marker.read_text())
+            _wait(
+                lambda: ref.digest in started_markers(ledger.folder),
+                240,
+                "the function task to start on the worker job",
+            )
+            started = started_markers(ledger.folder)[ref.digest]
             time.sleep(seconds / 4)
             child.send_signal(signal.SIGKILL)
             killed_at = time.time()
@@ -324,23 +324,9 @@ def _load() -> str:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    slurm = _private_slurm()
-    cluster = None
-    scratch = Path(tempfile.mkdtemp(prefix="unattended-bench-placement-"))
-    if args.use_existing:
-        if "SLURM_CONF" not in os.environ:
-            print("--use-existing needs SLURM_CONF")
-            return 2
-    else:
-        failure = slurm.ensure_slurm_installed()
-        if failure is not None:
-            print(f"cannot start a private Slurm here: {failure}")
-            return 2
-        cluster = slurm.start_cluster(scratch / "slurm")
-        os.environ["SLURM_CONF"] = str(cluster.conf)
     kills, repeats = (1, 2) if args.quick else (2, 4)
     seconds = args.task_seconds
-    try:
+    with slurm_scratch("unattended-bench-placement-", use_existing=args.use_existing) as scratch:
         print(f"before: {_load()}")
         for k in range(kills):
             watched = await asyncio.to_thread(
@@ -387,10 +373,6 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"jobs still there after: {watched['alive_after']}; {_load()}"
             )
         print(f"after: {_load()}")
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
