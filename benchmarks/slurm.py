@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import math
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,35 @@ def _private_slurm() -> Any:
     sys.modules["private_slurm"] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def slurm_scratch(prefix: str, *, use_existing: bool) -> Iterator[Path]:
+    """Yield a scratch folder with ``SLURM_CONF`` naming a Slurm: a private one started here
+    (stopped, and the folder removed, at the end) or, with ``use_existing``, the caller's.
+
+    Prints why and exits 2 when neither is there.
+    """
+    slurm = _private_slurm()
+    cluster = None
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        if use_existing:
+            if "SLURM_CONF" not in os.environ:
+                print("--use-existing needs SLURM_CONF")
+                raise SystemExit(2)
+        else:
+            failure = slurm.ensure_slurm_installed()
+            if failure is not None:
+                print(f"cannot start a private Slurm here: {failure}")
+                raise SystemExit(2)
+            cluster = slurm.start_cluster(scratch / "slurm")
+            os.environ["SLURM_CONF"] = str(cluster.conf)
+        yield scratch
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def started_at(_: int) -> float:
@@ -171,21 +202,7 @@ def _fmt(values: list[float]) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    slurm = _private_slurm()
-    cluster = None
-    scratch = Path(tempfile.mkdtemp(prefix="unattended-bench-slurm-"))
-    if args.use_existing:
-        if "SLURM_CONF" not in os.environ:
-            print("--use-existing needs SLURM_CONF")
-            return 2
-    else:
-        failure = slurm.ensure_slurm_installed()
-        if failure is not None:
-            print(f"cannot start a private Slurm here: {failure}")
-            return 2
-        cluster = slurm.start_cluster(scratch / "slurm")
-        os.environ["SLURM_CONF"] = str(cluster.conf)
-    try:
+    with slurm_scratch("unattended-bench-slurm-", use_existing=args.use_existing) as scratch:
         n, rounds, repeats = (100, 3, 2) if args.quick else (300, 7, 3)
         print(f"load average before: {os.getloadavg()[0]:.2f} (2-core machine)")
         overhead = await per_task_overhead(scratch / "overhead", n, rounds, args.concurrency)
@@ -214,10 +231,6 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"allocation end -> noticed ({every}): {_fmt(nxt['noticed_s'])}")
         print(f"allocation end -> next allocation's first task: {_fmt(nxt['first_task_s'])}")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
@@ -230,9 +243,7 @@ def main() -> int:
     parser.add_argument(
         "--use-existing", action="store_true", help="use the Slurm SLURM_CONF names"
     )
-    parser.add_argument(
-        "--overhead-only", action="store_true", help="only the per-task overhead"
-    )
+    parser.add_argument("--overhead-only", action="store_true", help="only the per-task overhead")
     return asyncio.run(main_async(parser.parse_args()))
 
 
